@@ -1,0 +1,77 @@
+"""What every benchmark shares: timing, the measured copy ceiling, and result files with provenance.
+
+Benchmarks are not tests: they run on a CUDA GPU, time this project's kernel and the peers its issue
+names in the same run, and write ``benchmarks/results/<topic>.json``, from which the posts draw their
+tables and figures.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QUANTILES = [0.5, 0.2, 0.8]
+
+
+def bench_ms(fn, *, warmup_ms: int = 50, rep_ms: int = 300) -> tuple[float, float, float]:
+    """(p50, p20, p80) milliseconds of ``fn()`` by CUDA events (``triton.testing.do_bench``)."""
+    import triton
+
+    p50, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=QUANTILES)
+    return p50, p20, p80
+
+
+def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy rate, bytes read + written per second: the memory ceiling of this run."""
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    p50, _, _ = bench_ms(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * nbytes / (p50 * 1e-3) / 1e9
+
+
+def _driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return out.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30, check=True, cwd=RESULTS.parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(commit: str | None = None) -> dict:
+    import torch
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+        "driver": _driver(),
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit or _commit(),
+    }
+
+
+def write(topic: str, rows: list[dict], meta: dict, out_dir: Path = RESULTS) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{topic}.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    return path

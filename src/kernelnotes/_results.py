@@ -1,0 +1,36 @@
+"""Committed GPU benchmark results (``benchmarks/results/<topic>.json``), read by the posts.
+
+The benchmark command writes these files on a CUDA machine; posts draw their tables and plots from
+them and name the GPU and date they were measured on. Readable only from a source checkout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def load(topic: str) -> dict:
+    """``{"meta": {...provenance...}, "rows": [{...}, ...]}`` for one topic."""
+    path = RESULTS / f"{topic}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no benchmark results for {topic!r}: run the benchmark command on a GPU ({path})")
+    return json.loads(path.read_text())
+
+
+def provenance(meta: dict) -> str:
+    """One line naming where and when the numbers were measured."""
+    return (f"Measured on one {meta['gpu']} (driver {meta['driver']}, CUDA {meta['cuda']}), "
+            f"torch {meta['torch']}, triton {meta['triton']}, on {meta['date'][:10]} "
+            f"at commit `{meta['commit'][:10]}`.")
+
+
+def markdown_table(header: list[str], rows: list[list], align: str | None = None) -> str:
+    """A markdown table; ``align`` is one of l/r/c per column (default: first left, rest right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = {"l": ":--", "r": "--:", "c": ":-:"}
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule[a] for a in align) + " |"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)

@@ -1,0 +1,57 @@
+"""Argument checks shared by every launcher: each failure names the argument and what was wrong.
+
+Torch is only touched through the tensor that is passed in, so this module imports without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def _names(dtypes: Iterable) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_tensor(
+    name: str,
+    t,
+    *,
+    dtypes: Iterable | None = None,
+    ndim: int | None = None,
+    min_ndim: int | None = None,
+    nonempty: bool = False,
+    contiguous: bool = False,
+    device=None,
+) -> None:
+    """Raise a ``TypeError``/``ValueError`` naming ``name`` unless ``t`` is a fitting tensor."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in tuple(dtypes):
+        raise TypeError(f"{name} must have dtype in ({_names(dtypes)}), got {_names([t.dtype])}")
+    if ndim is not None and t.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
+    if nonempty and t.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (strides {t.stride()} for shape {tuple(t.shape)})")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs on one device)")
+
+
+def check_kernel_device(name: str, t, kernel) -> None:
+    """Compiled Triton kernels need CUDA tensors; the interpreter (TRITON_INTERPRET=1) needs CPU ones."""
+    interpreted = type(kernel).__name__ == "InterpretedFunction"
+    if interpreted and t.device.type != "cpu":
+        raise ValueError(
+            f"{name} is on {t.device}, but Triton runs in the interpreter (TRITON_INTERPRET=1): "
+            "pass CPU tensors"
+        )
+    if not interpreted and t.device.type != "cuda":
+        raise ValueError(
+            f"{name} is on {t.device}; compiled Triton kernels need a CUDA tensor "
+            "(set TRITON_INTERPRET=1 before importing triton to run them on the CPU)"
+        )
