@@ -1,0 +1,127 @@
+"""Elementwise sqrt and 1/sqrt in Triton by Newton refinement of a bit-trick estimate.
+
+Order: the jit kernels, then the torch-facing launchers ``sqrt`` and ``rsqrt``. The post
+(docs/posts/01-newton.md) derives the number of steps from the convergence bound.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelnotes._validate import check_kernel_device, check_tensor
+
+# --8<-- [start:constants]
+MAGIC = 0x5F3759DF  # i -> MAGIC - (i >> 1) halves the exponent of x and negates it: y_0 ~ 1/sqrt(x)
+NEWTON_STEPS = 2  # y_0 -> y_2 on 1/sqrt(x); one more, residual-corrected, step finishes (see the post)
+# --8<-- [end:constants]
+
+
+# --8<-- [start:rsqrt_estimate]
+@triton.jit
+def _rsqrt_estimate(x, NEWTON_STEPS: tl.constexpr):
+    """1/sqrt(x) for normal x > 0 to a relative error below 5e-6: a bit trick, then Newton steps."""
+    i = x.to(tl.int32, bitcast=True)
+    y = (0x5F3759DF - (i >> 1)).to(tl.float32, bitcast=True)  # |e_0| <= 0.0344
+    for _ in tl.static_range(NEWTON_STEPS):
+        y = y * (1.5 - 0.5 * x * y * y)  # Newton on g(y) = 1/y^2 - x:  e_{k+1} = -3/2 e_k^2 - 1/2 e_k^3
+    return y
+# --8<-- [end:rsqrt_estimate]
+
+
+# --8<-- [start:sqrt_kernel]
+@triton.jit
+def _sqrt_kernel(
+    x_ptr,  # *fp32/fp16/bf16, n elements
+    out_ptr,  # *same dtype as x
+    n,  # number of elements
+    RSQRT: tl.constexpr,  # False: sqrt(x); True: 1/sqrt(x)
+    BF16_BITS: tl.constexpr,  # x holds bfloat16 bit patterns as int16
+    NEWTON_STEPS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    if BF16_BITS:
+        # bf16 -> fp32 is a 16-bit shift; done on the bits it keeps subnormals exact everywhere
+        # (Triton's interpreter flushes them when it converts)
+        x = (tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+
+    bits = x.to(tl.int32, bitcast=True)
+    subnormal = ((bits & 0x7F800000) == 0) & ((bits & 0x007FFFFF) != 0)  # read off the bits: no FTZ
+    xs = x * tl.where(subnormal, 16777216.0, 1.0)  # 2^24 x is normal and exact
+    ok = xs > 0.0  # excludes 0, negatives and NaN; inf is handled below
+    xs = tl.where(ok & (xs < float("inf")), xs, 1.0)  # keep the arithmetic finite on every lane
+
+    y = _rsqrt_estimate(xs, NEWTON_STEPS)  # ~1/sqrt(xs), |e| < 5e-6
+    if RSQRT:
+        # last Newton step on 1/sqrt with the residual r = 1 - xs y^2 computed almost exactly:
+        # t = xs*y is split into t + t_lo by an fma, so r only carries rounding of size e * u
+        t = xs * y
+        t_lo = tl.fma(xs, y, -t)
+        r = tl.fma(-t, y, 1.0) - t_lo * y
+        res = tl.fma(0.5 * y, r, y)
+        res = res * tl.where(subnormal, 4096.0, 1.0)  # 1/sqrt(x) = 2^12 / sqrt(2^24 x)
+        signed_inf = tl.where(bits < 0, float("-inf"), float("inf"))  # 1/sqrt(-0) = -inf
+        special = tl.where(x == 0.0, signed_inf, tl.where(x == float("inf"), 0.0, float("nan")))
+    else:
+        # last Newton step on sqrt: s = xs*y, then s += (y/2) (xs - s^2), the residual by one fma
+        s = xs * y
+        d = tl.fma(-s, s, xs)
+        res = tl.fma(0.5 * y, d, s)
+        res = res * tl.where(subnormal, 0.000244140625, 1.0)  # sqrt(x) = 2^-12 sqrt(2^24 x)
+        special = tl.where(x == 0.0, x, tl.where(x == float("inf"), x, float("nan")))  # +-0, inf, NaN
+    res = tl.where(ok & (x < float("inf")), res, special)
+    tl.store(out_ptr + offs, res.to(out_ptr.dtype.element_ty), mask=mask)
+# --8<-- [end:sqrt_kernel]
+
+
+# --8<-- [start:launcher]
+SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _launch(x: torch.Tensor, out: torch.Tensor | None, rsqrt: bool, block: int) -> torch.Tensor:
+    check_tensor("x", x, dtypes=SUPPORTED, contiguous=True)
+    check_kernel_device("x", x, _sqrt_kernel)
+    if out is None:
+        out = torch.empty_like(x)
+    else:
+        check_tensor("out", out, dtypes=(x.dtype,), contiguous=True, device=x.device)
+        if out.shape != x.shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}, x has {tuple(x.shape)}")
+    if block < 128 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 128, got {block}")
+    n = x.numel()
+    if n:
+        grid = (triton.cdiv(n, block),)
+        bf16 = x.dtype == torch.bfloat16
+        _sqrt_kernel[grid](x.view(torch.int16) if bf16 else x, out, n, RSQRT=rsqrt, BF16_BITS=bf16,
+                           NEWTON_STEPS=NEWTON_STEPS, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    return out
+
+
+def sqrt(x: torch.Tensor, *, out: torch.Tensor | None = None, block: int = 4096) -> torch.Tensor:
+    """Elementwise square root by Newton refinement, within 1 ulp of the correctly rounded result.
+
+    Args:
+        x: any shape, contiguous, float32 / float16 / bfloat16 (half types are computed in fp32).
+            CUDA tensor (CPU tensor under the Triton interpreter).
+        out: optional output of x's shape, dtype and device.
+        block: elements per program (a power of two).
+    Returns:
+        sqrt(x) in x's dtype: +-0 for +-0, inf for inf, NaN for x < 0 and NaN (as torch.sqrt).
+    """
+    return _launch(x, out, rsqrt=False, block=block)
+
+
+def rsqrt(x: torch.Tensor, *, out: torch.Tensor | None = None, block: int = 4096) -> torch.Tensor:
+    """Elementwise 1/sqrt(x) by Newton refinement (the "fast inverse square root", made exact).
+
+    Args and dtypes as :func:`sqrt`. Returns +-inf for +-0, 0 for inf, NaN for x < 0 and NaN
+    (as torch.rsqrt).
+    """
+    return _launch(x, out, rsqrt=True, block=block)
+# --8<-- [end:launcher]

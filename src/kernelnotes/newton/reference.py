@@ -1,0 +1,159 @@
+"""Newton's method, Halley's method and bisection, written the way the post writes them.
+
+Every solver returns the whole iterate history (``x_0, x_1, ...``), so the post can print tables,
+measure convergence orders and plot errors from the same code that finds the root.
+NumPy only: this module imports without torch.
+"""
+
+from __future__ import annotations
+
+# --8<-- [start:header]
+from collections.abc import Callable
+
+import numpy as np
+
+Fn = Callable[[float], float]
+# --8<-- [end:header]
+
+
+# --8<-- [start:errors]
+class RootFindingError(ArithmeticError):
+    """A solver could not go on; ``history`` holds the iterates computed so far."""
+
+    def __init__(self, message: str, history: list[float]):
+        super().__init__(message)
+        self.history = np.asarray(history, dtype=np.float64)
+
+
+class ZeroDerivativeError(RootFindingError):
+    """The tangent is horizontal: the update would divide by zero."""
+
+
+class NonFiniteError(RootFindingError):
+    """An iterate or a function value is inf or NaN: the iteration has blown up."""
+
+
+class NoConvergenceError(RootFindingError):
+    """``max_iter`` steps were taken without meeting the tolerance."""
+# --8<-- [end:errors]
+
+
+# --8<-- [start:iterate]
+def _finite(value: float, what: str, history: list[float]) -> float:
+    if not np.isfinite(value):
+        raise NonFiniteError(f"{what} is {value} after {len(history) - 1} steps", history)
+    return value
+
+
+def iterate(step: Callable[[float, list[float]], float], x0: float, tol: float, max_iter: int,
+             name: str) -> np.ndarray:
+    """Run ``x_{n+1} = step(x_n)`` until ``|x_{n+1} - x_n| <= tol * max(1, |x_{n+1}|)``."""
+    if not (tol > 0 and max_iter >= 1):
+        raise ValueError(f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
+    history = [_finite(float(x0), "x0", [float(x0)])]
+    for _ in range(max_iter):
+        x_next = _finite(step(history[-1], history), "the next iterate", history)
+        history.append(x_next)
+        if abs(x_next - history[-2]) <= tol * max(1.0, abs(x_next)):
+            return np.asarray(history)
+    raise NoConvergenceError(f"{name} did not converge in {max_iter} steps (tol={tol})", history)
+# --8<-- [end:iterate]
+
+
+# --8<-- [start:newton]
+def newton(f: Fn, df: Fn, x0: float, tol: float = 1e-15, max_iter: int = 50) -> np.ndarray:
+    """Iterates of Newton's method x_{n+1} = x_n - f(x_n) / f'(x_n), from x0 until the step is tiny."""
+
+    def step(x: float, history: list[float]) -> float:
+        fx, dfx = f(x), df(x)
+        if dfx == 0:
+            raise ZeroDerivativeError(f"f'(x) = 0 at x = {x}: the tangent never crosses the axis", history)
+        return x - fx / dfx  # the root of the tangent L(x) = f(x_n) + f'(x_n)(x - x_n)
+
+    return iterate(step, x0, tol, max_iter, "Newton's method")
+# --8<-- [end:newton]
+
+
+# --8<-- [start:halley]
+def halley(f: Fn, df: Fn, d2f: Fn, x0: float, tol: float = 1e-15, max_iter: int = 50) -> np.ndarray:
+    """Iterates of Halley's method x_{n+1} = x_n - 2 f f' / (2 f'^2 - f f'')."""
+
+    def step(x: float, history: list[float]) -> float:
+        fx, dfx, d2fx = f(x), df(x), d2f(x)
+        denom = 2 * dfx**2 - fx * d2fx
+        if denom == 0:
+            raise ZeroDerivativeError(f"2 f'^2 - f f'' = 0 at x = {x}", history)
+        return x - 2 * fx * dfx / denom
+
+    return iterate(step, x0, tol, max_iter, "Halley's method")
+# --8<-- [end:halley]
+
+
+# --8<-- [start:bisection]
+def bisection(f: Fn, a: float, b: float, tol: float = 1e-15, max_iter: int = 200) -> np.ndarray:
+    """Midpoints of bisection on [a, b]; f(a) and f(b) must differ in sign. Gains one bit per step."""
+    fa, fb = f(a), f(b)
+    if not (np.isfinite(fa) and np.isfinite(fb)):
+        raise NonFiniteError(f"f(a) = {fa}, f(b) = {fb} must be finite", [])
+    if np.sign(fa) == np.sign(fb) and fa != 0:
+        raise ValueError(f"no sign change on [{a}, {b}]: f(a) = {fa}, f(b) = {fb}")
+    history: list[float] = []
+    for _ in range(max_iter):
+        m = a + (b - a) / 2  # midpoint, written so that it stays inside [a, b] in floating point
+        history.append(m)
+        fm = f(m)
+        if fm == 0 or (b - a) / 2 <= tol * max(1.0, abs(m)):
+            return np.asarray(history)
+        if np.sign(fm) == np.sign(fa):
+            a, fa = m, fm  # the root is in [m, b]
+        else:
+            b = m  # the root is in [a, m]
+    raise NoConvergenceError(f"bisection did not converge in {max_iter} steps (tol={tol})", history)
+# --8<-- [end:bisection]
+
+
+# --8<-- [start:order]
+def convergence_order(errors: np.ndarray) -> np.ndarray:
+    """Empirical order q_n = log(e_{n+1} / e_n) / log(e_n / e_{n-1}) from consecutive errors."""
+    e = np.asarray(errors, dtype=np.float64)
+    return np.log(e[2:] / e[1:-1]) / np.log(e[1:-1] / e[:-2])
+# --8<-- [end:order]
+
+
+# --8<-- [start:newton_system]
+def newton_system(F: Callable[[np.ndarray], np.ndarray], J: Callable[[np.ndarray], np.ndarray],
+                  x0: np.ndarray, tol: float = 1e-15, max_iter: int = 50) -> np.ndarray:
+    """Multivariate Newton: solve J(x_n) dx = -F(x_n), then x_{n+1} = x_n + dx. Returns [steps+1, d]."""
+    history = [np.asarray(x0, dtype=np.float64)]
+    for _ in range(max_iter):
+        x = history[-1]
+        dx = np.linalg.solve(J(x), -F(x))  # a linear solve replaces the division by f'(x)
+        history.append(x + dx)
+        if np.linalg.norm(dx) <= tol * max(1.0, np.linalg.norm(history[-1])):
+            return np.stack(history)
+    raise NoConvergenceError(f"Newton's method did not converge in {max_iter} steps", history)
+# --8<-- [end:newton_system]
+
+
+# --8<-- [start:sqrt_by_newton]
+MAGIC = 0x5F3759DF  # i -> MAGIC - (i >> 1) halves the exponent and negates it: y_0 ~ 1/sqrt(x)
+
+
+def rsqrt_estimate(x: np.ndarray, steps: int) -> np.ndarray:
+    """The kernel's 1/sqrt(x) for normal x > 0: bit-trick y_0, then Newton steps (in float64,
+    so what shows is the method's error, not float32 rounding)."""
+    i = np.asarray(x, dtype=np.float32).view(np.int32)
+    y = (MAGIC - (i >> 1)).astype(np.int32).view(np.float32).astype(np.float64)  # y_0
+    x = np.asarray(x, dtype=np.float64)
+    for _ in range(steps):
+        y = y * (1.5 - 0.5 * x * y * y)  # Newton on g(y) = 1/y^2 - x
+    return y
+
+
+def sqrt_by_newton(x: np.ndarray, steps: int = 2) -> np.ndarray:
+    """sqrt(x) = x * (1/sqrt(x)), finished by one Newton step on s^2 - x: s += (y/2)(x - s^2)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = rsqrt_estimate(x, steps)
+    s = x * y
+    return s + 0.5 * y * (x - s * s)
+# --8<-- [end:sqrt_by_newton]
