@@ -3,7 +3,8 @@
 * Figures: every ``figure_<name>()`` in ``kernelnotes.<topic>.figures`` is drawn with matplotlib and
   written as ``figures/<topic>/<name>.svg``; a page links it as ``![...](../figures/<topic>/<name>.svg)``.
 * Tables: a line ``{{ table <topic>.<name> }}`` is replaced by the markdown that
-  ``kernelnotes.<topic>.figures.table_<name>()`` returns (worked examples, benchmark results).
+  ``kernelnotes.<topic>.figures.table_<name>()`` returns (worked examples, benchmark results);
+  ``{{ table site.<name> }}`` takes ``kernelnotes._results.table_<name>()`` (site-wide tables).
 * ``{{ posts }}`` on the home page becomes the list of posts, from their titles and descriptions.
 """
 
@@ -27,8 +28,9 @@ _POSTS = re.compile(r"^\{\{ posts \}\}$", re.M)
 def _figures_module(topic: str):
     if str(ROOT / "src") not in sys.path:
         sys.path.insert(0, str(ROOT / "src"))
+    name = "kernelnotes._results" if topic == "site" else f"kernelnotes.{topic}.figures"
     try:
-        return importlib.import_module(f"kernelnotes.{topic}.figures")
+        return importlib.import_module(name)
     except ImportError as e:
         raise PluginError(f"kernelnotes.{topic}.figures could not be imported: {e}") from e
 

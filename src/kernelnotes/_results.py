@@ -34,3 +34,16 @@ def markdown_table(header: list[str], rows: list[list], align: str | None = None
     out = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule[a] for a in align) + " |"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
+
+
+def table_results() -> str:
+    """Which GPU, software and commit produced each topic's committed benchmark results."""
+    rows = []
+    for path in sorted(RESULTS.glob("*.json")):
+        meta = json.loads(path.read_text())["meta"]
+        rows.append([f"`{path.stem}`", meta["gpu"], meta["driver"], meta["torch"], meta["triton"],
+                     meta["date"][:10], f"`{meta['commit'][:10]}`", f"{meta['copy_gbs']:.0f}"])
+    if not rows:
+        return '!!! info "No benchmark results yet"\n    Run `bash scripts/dev bench` on a CUDA machine.'
+    return markdown_table(["topic", "GPU", "driver", "torch", "triton", "date", "commit",
+                           "copy GB/s"], rows)
