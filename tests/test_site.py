@@ -135,7 +135,8 @@ def test_page_is_whole_and_self_contained(page, base_url, rel):
         .filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)""")
     assert broken == [], f"images that did not load: {broken}"
     blocks = page.locator(".md-typeset .highlight pre").count()
-    assert page.locator(".md-clipboard").count() >= blocks, "a code block lacks its copy button"
+    copy = page.locator(".md-typeset .highlight pre [data-md-type='copy'], .md-typeset .highlight .md-clipboard")
+    assert copy.count() >= blocks, f"{blocks - copy.count()} code blocks lack a copy button"
     assert page.errors == [], page.errors
     assert page.external == [], f"requests to other hosts: {page.external}"
 
