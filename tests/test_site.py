@@ -21,8 +21,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
-pytestmark = pytest.mark.browser
-
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
@@ -124,6 +122,7 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("rel", ["."] + posts + nbs)
 
 
+@pytest.mark.browser
 def test_page_is_whole_and_self_contained(page, base_url, rel):
     _open(page, base_url, rel)
     unrendered = page.evaluate("""() => [...document.querySelectorAll('.arithmatex')]
@@ -141,12 +140,14 @@ def test_page_is_whole_and_self_contained(page, base_url, rel):
     assert page.external == [], f"requests to other hosts: {page.external}"
 
 
+@pytest.mark.browser
 def test_math_uses_the_local_katex_fonts(page, base_url):
     _open(page, base_url, "posts/01-newton")
     assert page.locator(".katex").count() > 20
     assert page.evaluate("() => document.fonts.check('16px KaTeX_Main')")
 
 
+@pytest.mark.browser
 def test_reference_and_triton_tabs_switch_together(page, base_url):
     _open(page, base_url, "posts/01-newton")
     sets = page.locator(".tabbed-set")
@@ -166,6 +167,7 @@ def test_reference_and_triton_tabs_switch_together(page, base_url):
     assert set(selected()) == {"Reference (NumPy)"}
 
 
+@pytest.mark.browser
 def test_home_page_lists_every_post(page, base_url):
     _open(page, base_url, ".")
     links = page.locator("article a[href*='posts/']").evaluate_all("els => els.map(e => e.getAttribute('href'))")
