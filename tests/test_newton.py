@@ -198,13 +198,14 @@ def test_every_element_written_for_sizes_that_do_not_divide_the_block(n, block):
     out = poison_(torch.empty_like(x))
     sqrt(x, out=out, block=block)
     assert not out.isnan().any()
-    torch.testing.assert_close(out, torch.sqrt(x), rtol=2 * 2.0**-24, atol=0)
+    assert ulp_distance_f32(out.cpu().numpy(), _reference(x.cpu().numpy(), inverse=False)).max() <= 1
 
 
 def test_any_shape_and_empty():
     x = torch.rand(3, 5, 7, device=DEVICE)
     assert sqrt(x).shape == (3, 5, 7)
-    torch.testing.assert_close(rsqrt(x), torch.rsqrt(x), rtol=2 * 2.0**-24, atol=0)
+    got = rsqrt(x).cpu().numpy()
+    assert ulp_distance_f32(got, _reference(x.cpu().numpy(), inverse=True)).max() <= 1
     empty = torch.empty(0, 4, device=DEVICE)
     assert sqrt(empty).shape == (0, 4)
 
