@@ -46,7 +46,9 @@ def _snippet_preprocessor():
     base = [base] if isinstance(base, str) else base
     conf["base_path"] = [str(ROOT / b) for b in base]  # mkdocs resolves from its cwd, the repo root
     conf["check_paths"] = True
-    md = markdown.Markdown(extensions=["pymdownx.snippets"], extension_configs={"pymdownx.snippets": conf})
+    md = markdown.Markdown(
+        extensions=["pymdownx.snippets"], extension_configs={"pymdownx.snippets": conf}
+    )
     return md.preprocessors["snippet"]
 
 

@@ -20,8 +20,12 @@ HERE = Path(__file__).resolve().parent
 def main(argv: list[str] | None = None) -> int:
     topics_all = sorted(p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py"))
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    ap.add_argument("topics", nargs="*", metavar="topic",
-                    help=f"which to run (default: all of {', '.join(topics_all)})")
+    ap.add_argument(
+        "topics",
+        nargs="*",
+        metavar="topic",
+        help=f"which to run (default: all of {', '.join(topics_all)})",
+    )
     ap.add_argument("--quick", action="store_true", help="a smoke run: few sizes, short timings")
     ap.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
     ap.add_argument("--out", type=Path, default=_harness.RESULTS, help="where the JSON files go")

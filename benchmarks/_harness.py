@@ -8,6 +8,7 @@ tables and figures.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import platform
 import subprocess
@@ -31,15 +32,20 @@ def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
 
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
-    p50, _, _ = bench_ms(lambda: dst.copy_(src))
+    p50, _, _ = bench_ms(functools.partial(dst.copy_, src))
     del src, dst
     return 2 * nbytes / (p50 * 1e-3) / 1e9
 
 
 def _driver() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
         return out.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return "unknown"
@@ -47,8 +53,14 @@ def _driver() -> str:
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=30, check=True, cwd=RESULTS.parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+            cwd=RESULTS.parent,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -65,7 +77,7 @@ def provenance(commit: str | None = None) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "commit": commit or _commit(),
     }
 

@@ -57,8 +57,11 @@ def on_files(files, config):
         module = _figures_module(topic)
         for name in sorted(n for n in dir(module) if n.startswith("figure_")):
             svg = _svg(getattr(module, name)())
-            files.append(File.generated(config, f"figures/{topic}/{name.removeprefix('figure_')}.svg",
-                                        content=svg))
+            files.append(
+                File.generated(
+                    config, f"figures/{topic}/{name.removeprefix('figure_')}.svg", content=svg
+                )
+            )
     return files
 
 

@@ -15,15 +15,19 @@ ON_GPU: bool = torch.cuda.is_available()
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-    raise RuntimeError("a CUDA GPU is present but TRITON_INTERPRET is set: unset it to test compiled kernels")
+    raise RuntimeError(
+        "a CUDA GPU is present but TRITON_INTERPRET is set: unset it to test compiled kernels"
+    )
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 
 
 def describe() -> str:
     if ON_GPU:
-        return (f"GPU mode: {torch.cuda.get_device_name()} - compiled Triton kernels at full sizes, "
-                "tests marked 'gpu' included")
+        return (
+            f"GPU mode: {torch.cuda.get_device_name()} - compiled Triton kernels at full sizes, "
+            "tests marked 'gpu' included"
+        )
     return "CPU mode: Triton interpreter (TRITON_INTERPRET=1) at small sizes; tests marked 'gpu' deselected"
 
 

@@ -57,8 +57,9 @@ def test_bisection_halves_the_bracket_and_keeps_the_root_inside():
 
 @pytest.mark.parametrize("m", [2, 3, 5])
 def test_newton_at_a_root_of_multiplicity_m_is_linear_with_rate_1_minus_1_over_m(m):
-    hist = newton(lambda x: (x - 1.0) ** m, lambda x: m * (x - 1.0) ** (m - 1), 2.0, tol=1e-10,
-                  max_iter=500)
+    hist = newton(
+        lambda x: (x - 1.0) ** m, lambda x: m * (x - 1.0) ** (m - 1), 2.0, tol=1e-10, max_iter=500
+    )
     e = np.abs(hist - 1.0)
     assert np.allclose(e[1:20] / e[:19], 1 - 1 / m, rtol=1e-9)
 
@@ -122,8 +123,22 @@ def test_bisection_and_solver_refusals():
 def _sweep_bits(n: int) -> np.ndarray:
     """n float32 bit patterns spread over all of them: every binade, subnormals, NaNs, negatives."""
     bits = np.linspace(0, 2**32 - 1, n, dtype=np.uint64).astype(np.uint32)
-    specials = np.array([0x0, 0x80000000, 0x1, 0x7FFFFF, 0x800000, 0x7F7FFFFF, 0x7F800000,
-                         0xFF800000, 0x7FC00000, 0x3F800000, 0x40000000], dtype=np.uint32)
+    specials = np.array(
+        [
+            0x0,
+            0x80000000,
+            0x1,
+            0x7FFFFF,
+            0x800000,
+            0x7F7FFFFF,
+            0x7F800000,
+            0xFF800000,
+            0x7FC00000,
+            0x3F800000,
+            0x40000000,
+        ],
+        dtype=np.uint32,
+    )
     return np.concatenate([bits, specials])
 
 
@@ -157,9 +172,11 @@ def test_within_one_ulp_on_all_2_pow_32_inputs(op, inverse):
         ref = (1 / torch.sqrt(x.double()) if inverse else torch.sqrt(x.double())).float()
         got = op(x)
         both_nan = got.isnan() & ref.isnan()
-        ordinal = lambda t: torch.where(t.view(torch.int32) < 0,  # noqa: E731
-                                        -(t.view(torch.int32).long() & 0x7FFFFFFF),
-                                        t.view(torch.int32).long())
+        ordinal = lambda t: torch.where(
+            t.view(torch.int32) < 0,  # noqa: E731
+            -(t.view(torch.int32).long() & 0x7FFFFFFF),
+            t.view(torch.int32).long(),
+        )
         d = torch.where(both_nan, 0, (ordinal(got) - ordinal(ref)).abs())
         d = torch.where(got.isnan() ^ ref.isnan(), 1 << 40, d)
         worst = max(worst, int(d.max()))
@@ -169,21 +186,28 @@ def test_within_one_ulp_on_all_2_pow_32_inputs(op, inverse):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("op, ref", [(sqrt, torch.sqrt), (rsqrt, torch.rsqrt)], ids=["sqrt", "rsqrt"])
+@pytest.mark.parametrize(
+    "op, ref", [(sqrt, torch.sqrt), (rsqrt, torch.rsqrt)], ids=["sqrt", "rsqrt"]
+)
 def test_half_types_all_65536_inputs_within_one_ulp(dtype, op, ref):
     x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).to(DEVICE)
     got = op(x)
     want = ref(x.double()).to(dtype)  # float64 then one rounding to the half type
     assert got.dtype == dtype
-    ordinal = lambda t: torch.where(t.view(torch.int16) < 0,  # noqa: E731
-                                    -(t.view(torch.int16).int() & 0x7FFF), t.view(torch.int16).int())
+    ordinal = lambda t: torch.where(
+        t.view(torch.int16) < 0,  # noqa: E731
+        -(t.view(torch.int16).int() & 0x7FFF),
+        t.view(torch.int16).int(),
+    )
     finite = ~(got.isnan() | want.isnan())
     assert torch.equal(got.isnan(), want.isnan())
     assert int((ordinal(got[finite]) - ordinal(want[finite])).abs().max()) <= 1
 
 
 def test_special_values_match_torch():
-    x = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, -1.0, -1e-45, -math.inf], device=DEVICE)
+    x = torch.tensor(
+        [0.0, -0.0, math.inf, -math.inf, math.nan, -1.0, -1e-45, -math.inf], device=DEVICE
+    )
     for op, ref in [(sqrt, torch.sqrt), (rsqrt, torch.rsqrt)]:
         got, want = op(x), ref(x)
         assert torch.equal(got.isnan(), want.isnan())
@@ -198,7 +222,9 @@ def test_every_element_written_for_sizes_that_do_not_divide_the_block(n, block):
     out = poison_(torch.empty_like(x))
     sqrt(x, out=out, block=block)
     assert not out.isnan().any()
-    assert ulp_distance_f32(out.cpu().numpy(), _reference(x.cpu().numpy(), inverse=False)).max() <= 1
+    assert (
+        ulp_distance_f32(out.cpu().numpy(), _reference(x.cpu().numpy(), inverse=False)).max() <= 1
+    )
 
 
 def test_any_shape_and_empty():
@@ -214,19 +240,42 @@ def test_any_shape_and_empty():
     "call, err, match",
     [
         (lambda: sqrt([1.0, 2.0]), TypeError, "x must be a torch.Tensor, got list"),
-        (lambda: sqrt(torch.ones(4, dtype=torch.float64, device=DEVICE)), TypeError,
-         r"x must have dtype in \(float32, float16, bfloat16\), got float64"),
+        (
+            lambda: sqrt(torch.ones(4, dtype=torch.float64, device=DEVICE)),
+            TypeError,
+            r"x must have dtype in \(float32, float16, bfloat16\), got float64",
+        ),
         (lambda: rsqrt(torch.ones(4, dtype=torch.int32, device=DEVICE)), TypeError, "got int32"),
         (lambda: sqrt(torch.ones(4, 4, device=DEVICE).t()), ValueError, "x must be contiguous"),
         (lambda: sqrt(torch.ones(4, device="meta")), ValueError, "x is on meta"),
-        (lambda: sqrt(torch.ones(4, device=DEVICE), out=torch.empty(5, device=DEVICE)), ValueError,
-         r"out has shape \(5,\), x has \(4,\)"),
-        (lambda: sqrt(torch.ones(4, device=DEVICE), out=torch.empty(4, dtype=torch.float16, device=DEVICE)),
-         TypeError, "out must have dtype in"),
-        (lambda: sqrt(torch.ones(4, device=DEVICE), block=100), ValueError, "block must be a power of two"),
+        (
+            lambda: sqrt(torch.ones(4, device=DEVICE), out=torch.empty(5, device=DEVICE)),
+            ValueError,
+            r"out has shape \(5,\), x has \(4,\)",
+        ),
+        (
+            lambda: sqrt(
+                torch.ones(4, device=DEVICE), out=torch.empty(4, dtype=torch.float16, device=DEVICE)
+            ),
+            TypeError,
+            "out must have dtype in",
+        ),
+        (
+            lambda: sqrt(torch.ones(4, device=DEVICE), block=100),
+            ValueError,
+            "block must be a power of two",
+        ),
     ],
-    ids=["not-a-tensor", "float64", "int32", "non-contiguous", "wrong-device", "out-shape", "out-dtype",
-         "block"],
+    ids=[
+        "not-a-tensor",
+        "float64",
+        "int32",
+        "non-contiguous",
+        "wrong-device",
+        "out-shape",
+        "out-dtype",
+        "block",
+    ],
 )
 def test_bad_input_is_refused_clearly(call, err, match):
     with pytest.raises(err, match=match):

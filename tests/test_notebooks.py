@@ -21,13 +21,23 @@ def test_notebook_executes(path, monkeypatch):
     import nbclient
 
     # the kernel is a subprocess: it sees src/ through PYTHONPATH and inherits TRITON_INTERPRET
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    )
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = jupytext.read(path)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(ROOT)}})  # cwd as in mkdocs
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+    )  # cwd as in mkdocs
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert errors == []
-    assert any(c.cell_type == "code" and c.get("outputs") for c in nb.cells), "no cell produced output"
+    assert any(c.cell_type == "code" and c.get("outputs") for c in nb.cells), (
+        "no cell produced output"
+    )

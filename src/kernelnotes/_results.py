@@ -16,15 +16,19 @@ def load(topic: str) -> dict:
     """``{"meta": {...provenance...}, "rows": [{...}, ...]}`` for one topic."""
     path = RESULTS / f"{topic}.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no benchmark results for {topic!r}: run the benchmark command on a GPU ({path})")
+        raise FileNotFoundError(
+            f"no benchmark results for {topic!r}: run the benchmark command on a GPU ({path})"
+        )
     return json.loads(path.read_text())
 
 
 def provenance(meta: dict) -> str:
     """One line naming where and when the numbers were measured."""
-    return (f"Measured on one {meta['gpu']} (driver {meta['driver']}, CUDA {meta['cuda']}), "
-            f"torch {meta['torch']}, triton {meta['triton']}, on {meta['date'][:10]} "
-            f"at commit `{meta['commit'][:10]}`.")
+    return (
+        f"Measured on one {meta['gpu']} (driver {meta['driver']}, CUDA {meta['cuda']}), "
+        f"torch {meta['torch']}, triton {meta['triton']}, on {meta['date'][:10]} "
+        f"at commit `{meta['commit'][:10]}`."
+    )
 
 
 def markdown_table(header: list[str], rows: list[list], align: str | None = None) -> str:
@@ -41,9 +45,20 @@ def table_results() -> str:
     rows = []
     for path in sorted(RESULTS.glob("*.json")):
         meta = json.loads(path.read_text())["meta"]
-        rows.append([f"`{path.stem}`", meta["gpu"], meta["driver"], meta["torch"], meta["triton"],
-                     meta["date"][:10], f"`{meta['commit'][:10]}`", f"{meta['copy_gbs']:.0f}"])
+        rows.append(
+            [
+                f"`{path.stem}`",
+                meta["gpu"],
+                meta["driver"],
+                meta["torch"],
+                meta["triton"],
+                meta["date"][:10],
+                f"`{meta['commit'][:10]}`",
+                f"{meta['copy_gbs']:.0f}",
+            ]
+        )
     if not rows:
         return '!!! info "No benchmark results yet"\n    Run `bash scripts/dev bench` on a CUDA machine.'
-    return markdown_table(["topic", "GPU", "driver", "torch", "triton", "date", "commit",
-                           "copy GB/s"], rows)
+    return markdown_table(
+        ["topic", "GPU", "driver", "torch", "triton", "date", "commit", "copy GB/s"], rows
+    )

@@ -33,11 +33,15 @@ def check_tensor(
     if ndim is not None and t.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if min_ndim is not None and t.ndim < min_ndim:
-        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions, got shape {tuple(t.shape)}"
+        )
     if nonempty and t.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
     if contiguous and not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (strides {t.stride()} for shape {tuple(t.shape)})")
+        raise ValueError(
+            f"{name} must be contiguous (strides {t.stride()} for shape {tuple(t.shape)})"
+        )
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs on one device)")
 

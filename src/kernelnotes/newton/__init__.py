@@ -18,8 +18,16 @@ from kernelnotes.newton.reference import (
 _KERNEL_NAMES = ("sqrt", "rsqrt")
 
 __all__ = [
-    "NoConvergenceError", "NonFiniteError", "RootFindingError", "ZeroDerivativeError",
-    "bisection", "convergence_order", "halley", "newton", "newton_system", *_KERNEL_NAMES,
+    "NoConvergenceError",
+    "NonFiniteError",
+    "RootFindingError",
+    "ZeroDerivativeError",
+    "bisection",
+    "convergence_order",
+    "halley",
+    "newton",
+    "newton_system",
+    *_KERNEL_NAMES,
 ]
 
 

@@ -34,9 +34,13 @@ def table_sqrt2_newton() -> str:
     runs = sqrt2_runs()
     x = runs["Newton"]
     e = np.abs(x - ROOT2)
-    ratio = ["-"] + [f"{e[n + 1] / e[n] ** 2:.4f}" if e[n + 1] > 1e-14 else "-" for n in range(len(e) - 1)]
+    ratio = ["-"] + [
+        f"{e[n + 1] / e[n] ** 2:.4f}" if e[n + 1] > 1e-14 else "-" for n in range(len(e) - 1)
+    ]
     rows = [[n, f"{x[n]:.16f}", _sci(e[n]), ratio[n]] for n in range(len(x))]
-    return markdown_table(["$n$", "$x_n$", "$\\lvert x_n - \\sqrt 2 \\rvert$", "$e_n / e_{n-1}^2$"], rows)
+    return markdown_table(
+        ["$n$", "$x_n$", "$\\lvert x_n - \\sqrt 2 \\rvert$", "$e_n / e_{n-1}^2$"], rows
+    )
 
 
 def table_sqrt2_compare() -> str:
@@ -56,11 +60,15 @@ def figure_sqrt2_errors():
         n = np.arange(len(e))
         keep = e > 0  # a log axis cannot show an exact hit
         ax.semilogy(n[keep], e[keep], marker=marker, ms=4, label=name)
-    ax.axhline(2.0**-52 * ROOT2, color="grey", lw=0.8, ls="--", label="ulp of $\\sqrt{2}$ (float64)")
+    ax.axhline(
+        2.0**-52 * ROOT2, color="grey", lw=0.8, ls="--", label="ulp of $\\sqrt{2}$ (float64)"
+    )
     ax.set_xlabel("iteration $n$")
     ax.set_ylabel("$|x_n - \\sqrt{2}|$")
-    ax.set_title("Solving $x^2 - 2 = 0$: digits double (Newton), triple (Halley), one bit a step (bisection)",
-                 fontsize=9)
+    ax.set_title(
+        "Solving $x^2 - 2 = 0$: digits double (Newton), triple (Halley), one bit a step (bisection)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     ax.grid(True, which="major", alpha=0.3)
     return fig
@@ -82,8 +90,13 @@ def figure_failure_modes():
     # linear convergence at roots of multiplicity m: the error ratio settles at 1 - 1/m
     ax = axes[1]
     for m in (1, 2, 3):
-        h = newton(lambda x: (x - 1.0) ** m * (x + 2.0), lambda x: m * (x - 1.0) ** (m - 1) * (x + 2.0)
-                   + (x - 1.0) ** m, 2.0, tol=1e-13, max_iter=500)
+        h = newton(
+            lambda x, m=m: (x - 1.0) ** m * (x + 2.0),
+            lambda x, m=m: m * (x - 1.0) ** (m - 1) * (x + 2.0) + (x - 1.0) ** m,
+            2.0,
+            tol=1e-13,
+            max_iter=500,
+        )
         e = np.abs(h - 1.0)
         e = e[e > 1e-12]
         ax.semilogy(np.arange(len(e)), e, marker="o", ms=3, label=f"multiplicity {m}")
@@ -114,8 +127,34 @@ def table_bench() -> str:
         return '!!! info "Results pending"\n    Run `python -m benchmarks newton` on a GPU.'
     rows = []
     for r in res["rows"]:
-        rows.append([r["op"], r["dtype"], f"2^{int(math.log2(r['n']))}", f"{r['ms']:.3f}", f"{r['gbs']:.0f}",
-                     f"{r['torch_ms']:.3f}", f"{r['torch_gbs']:.0f}", f"{r['torch_ms'] / r['ms']:.3f}"])
-    table = markdown_table(["op", "dtype", "n", "Triton ms", "Triton GB/s", "torch ms", "torch GB/s",
-                            "torch / Triton time"], rows)
-    return table + "\n\n" + provenance(res["meta"]) + f" Copy ceiling in that run: {res['meta']['copy_gbs']:.0f} GB/s."
+        rows.append(
+            [
+                r["op"],
+                r["dtype"],
+                f"2^{int(math.log2(r['n']))}",
+                f"{r['ms']:.3f}",
+                f"{r['gbs']:.0f}",
+                f"{r['torch_ms']:.3f}",
+                f"{r['torch_gbs']:.0f}",
+                f"{r['torch_ms'] / r['ms']:.3f}",
+            ]
+        )
+    table = markdown_table(
+        [
+            "op",
+            "dtype",
+            "n",
+            "Triton ms",
+            "Triton GB/s",
+            "torch ms",
+            "torch GB/s",
+            "torch / Triton time",
+        ],
+        rows,
+    )
+    return (
+        table
+        + "\n\n"
+        + provenance(res["meta"])
+        + f" Copy ceiling in that run: {res['meta']['copy_gbs']:.0f} GB/s."
+    )

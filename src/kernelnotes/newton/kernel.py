@@ -26,8 +26,12 @@ def _rsqrt_estimate(x, NEWTON_STEPS: tl.constexpr):
     i = x.to(tl.int32, bitcast=True)
     y = (0x5F3759DF - (i >> 1)).to(tl.float32, bitcast=True)  # |e_0| <= 0.0344
     for _ in tl.static_range(NEWTON_STEPS):
-        y = y * (1.5 - 0.5 * x * y * y)  # Newton on g(y) = 1/y^2 - x:  e_{k+1} = -3/2 e_k^2 - 1/2 e_k^3
+        y = y * (
+            1.5 - 0.5 * x * y * y
+        )  # Newton on g(y) = 1/y^2 - x:  e_{k+1} = -3/2 e_k^2 - 1/2 e_k^3
     return y
+
+
 # --8<-- [end:rsqrt_estimate]
 
 
@@ -48,7 +52,9 @@ def _sqrt_kernel(
     if BF16_BITS:
         # bf16 -> fp32 is a 16-bit shift; done on the bits it keeps subnormals exact everywhere
         # (Triton's interpreter flushes them when it converts)
-        x = (tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        x = (tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32) << 16).to(
+            tl.float32, bitcast=True
+        )
     else:
         x = tl.load(x_ptr + offs, mask=mask, other=1.0).to(tl.float32)
 
@@ -78,6 +84,8 @@ def _sqrt_kernel(
         special = tl.where(x >= 0.0, x, float("nan"))  # +-0 -> +-0, inf -> inf; x < 0, NaN -> NaN
     res = tl.where(ok, res, special)
     tl.store(out_ptr + offs, res.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 # --8<-- [end:sqrt_kernel]
 
 
@@ -100,9 +108,17 @@ def _launch(x: torch.Tensor, out: torch.Tensor | None, rsqrt: bool, block: int) 
     if n:
         grid = (triton.cdiv(n, block),)
         bf16 = x.dtype == torch.bfloat16
-        _sqrt_kernel[grid](x.view(torch.int16) if bf16 else x, out, n, RSQRT=rsqrt, BF16_BITS=bf16,
-                           NEWTON_STEPS=NEWTON_STEPS, REFINE=x.dtype == torch.float32, BLOCK=block,
-                           num_warps=8 if block >= 2048 else 4)
+        _sqrt_kernel[grid](
+            x.view(torch.int16) if bf16 else x,
+            out,
+            n,
+            RSQRT=rsqrt,
+            BF16_BITS=bf16,
+            NEWTON_STEPS=NEWTON_STEPS,
+            REFINE=x.dtype == torch.float32,
+            BLOCK=block,
+            num_warps=8 if block >= 2048 else 4,
+        )
     return out
 
 
@@ -127,4 +143,6 @@ def rsqrt(x: torch.Tensor, *, out: torch.Tensor | None = None, block: int = 4096
     (as torch.rsqrt).
     """
     return _launch(x, out, rsqrt=True, block=block)
+
+
 # --8<-- [end:launcher]

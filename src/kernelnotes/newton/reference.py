@@ -35,6 +35,8 @@ class NonFiniteError(RootFindingError):
 
 class NoConvergenceError(RootFindingError):
     """``max_iter`` steps were taken without meeting the tolerance."""
+
+
 # --8<-- [end:errors]
 
 
@@ -45,8 +47,9 @@ def _finite(value: float, what: str, history: list[float]) -> float:
     return value
 
 
-def iterate(step: Callable[[float, list[float]], float], x0: float, tol: float, max_iter: int,
-             name: str) -> np.ndarray:
+def iterate(
+    step: Callable[[float, list[float]], float], x0: float, tol: float, max_iter: int, name: str
+) -> np.ndarray:
     """Run ``x_{n+1} = step(x_n)`` until ``|x_{n+1} - x_n| <= tol * max(1, |x_{n+1}|)``."""
     if not (tol > 0 and max_iter >= 1):
         raise ValueError(f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
@@ -57,20 +60,26 @@ def iterate(step: Callable[[float, list[float]], float], x0: float, tol: float, 
         if abs(x_next - history[-2]) <= tol * max(1.0, abs(x_next)):
             return np.asarray(history)
     raise NoConvergenceError(f"{name} did not converge in {max_iter} steps (tol={tol})", history)
+
+
 # --8<-- [end:iterate]
 
 
 # --8<-- [start:newton]
 def newton(f: Fn, df: Fn, x0: float, tol: float = 1e-15, max_iter: int = 50) -> np.ndarray:
-    """Iterates of Newton's method x_{n+1} = x_n - f(x_n) / f'(x_n), from x0 until the step is tiny."""
+    """Iterates of Newton's method x_{n+1} = x_n - f(x_n) / f'(x_n), until the step is tiny."""
 
     def step(x: float, history: list[float]) -> float:
         fx, dfx = f(x), df(x)
         if dfx == 0:
-            raise ZeroDerivativeError(f"f'(x) = 0 at x = {x}: the tangent never crosses the axis", history)
+            raise ZeroDerivativeError(
+                f"f'(x) = 0 at x = {x}: the tangent never crosses the axis", history
+            )
         return x - fx / dfx  # the root of the tangent L(x) = f(x_n) + f'(x_n)(x - x_n)
 
     return iterate(step, x0, tol, max_iter, "Newton's method")
+
+
 # --8<-- [end:newton]
 
 
@@ -86,12 +95,14 @@ def halley(f: Fn, df: Fn, d2f: Fn, x0: float, tol: float = 1e-15, max_iter: int 
         return x - 2 * fx * dfx / denom
 
     return iterate(step, x0, tol, max_iter, "Halley's method")
+
+
 # --8<-- [end:halley]
 
 
 # --8<-- [start:bisection]
 def bisection(f: Fn, a: float, b: float, tol: float = 1e-15, max_iter: int = 200) -> np.ndarray:
-    """Midpoints of bisection on [a, b]; f(a) and f(b) must differ in sign. Gains one bit per step."""
+    """Midpoints of bisection on [a, b], where f(a) and f(b) differ in sign: one bit per step."""
     fa, fb = f(a), f(b)
     if not (np.isfinite(fa) and np.isfinite(fb)):
         raise NonFiniteError(f"f(a) = {fa}, f(b) = {fb} must be finite", [])
@@ -109,6 +120,8 @@ def bisection(f: Fn, a: float, b: float, tol: float = 1e-15, max_iter: int = 200
         else:
             b = m  # the root is in [a, m]
     raise NoConvergenceError(f"bisection did not converge in {max_iter} steps (tol={tol})", history)
+
+
 # --8<-- [end:bisection]
 
 
@@ -117,13 +130,20 @@ def convergence_order(errors: np.ndarray) -> np.ndarray:
     """Empirical order q_n = log(e_{n+1} / e_n) / log(e_n / e_{n-1}) from consecutive errors."""
     e = np.asarray(errors, dtype=np.float64)
     return np.log(e[2:] / e[1:-1]) / np.log(e[1:-1] / e[:-2])
+
+
 # --8<-- [end:order]
 
 
 # --8<-- [start:newton_system]
-def newton_system(F: Callable[[np.ndarray], np.ndarray], J: Callable[[np.ndarray], np.ndarray],
-                  x0: np.ndarray, tol: float = 1e-15, max_iter: int = 50) -> np.ndarray:
-    """Multivariate Newton: solve J(x_n) dx = -F(x_n), then x_{n+1} = x_n + dx. Returns [steps+1, d]."""
+def newton_system(
+    F: Callable[[np.ndarray], np.ndarray],
+    J: Callable[[np.ndarray], np.ndarray],
+    x0: np.ndarray,
+    tol: float = 1e-15,
+    max_iter: int = 50,
+) -> np.ndarray:
+    """Multivariate Newton: solve J(x_n) dx = -F(x_n), x_{n+1} = x_n + dx. Returns [steps+1, d]."""
     history = [np.asarray(x0, dtype=np.float64)]
     for _ in range(max_iter):
         x = history[-1]
@@ -132,6 +152,8 @@ def newton_system(F: Callable[[np.ndarray], np.ndarray], J: Callable[[np.ndarray
         if np.linalg.norm(dx) <= tol * max(1.0, np.linalg.norm(history[-1])):
             return np.stack(history)
     raise NoConvergenceError(f"Newton's method did not converge in {max_iter} steps", history)
+
+
 # --8<-- [end:newton_system]
 
 
@@ -156,4 +178,6 @@ def sqrt_by_newton(x: np.ndarray, steps: int = 2) -> np.ndarray:
     y = rsqrt_estimate(x, steps)
     s = x * y
     return s + 0.5 * y * (x - s * s)
+
+
 # --8<-- [end:sqrt_by_newton]
