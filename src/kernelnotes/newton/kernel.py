@@ -59,7 +59,9 @@ def _sqrt_kernel(
         x = tl.load(x_ptr + offs, mask=mask, other=1.0).to(tl.float32)
 
     bits = x.to(tl.int32, bitcast=True)
-    tiny = (bits & 0x7F800000) == 0  # +-0 and subnormals, read off the bits (immune to FTZ)
+    tiny = (
+        bits & 0x7F800000
+    ) == 0  # +-0 and subnormals, read off the bits (immune to FTZ)
     xs = x * tl.where(tiny, 16777216.0, 1.0)  # 2^24 x is normal and exact
     ok = (xs > 0.0) & (xs < float("inf"))  # positive, finite, nonzero; NaN fails both
     xs = tl.where(ok, xs, 1.0)  # keep the arithmetic finite on every lane
@@ -74,14 +76,18 @@ def _sqrt_kernel(
             res = tl.fma(0.5 * y, r, y)
         res = res * tl.where(tiny, 4096.0, 1.0)  # 1/sqrt(x) = 2^12 / sqrt(2^24 x)
         zero_inf = tl.where(bits < 0, float("-inf"), float("inf"))  # 1/sqrt(-0) = -inf
-        special = tl.where(x == 0.0, zero_inf, tl.where(x == float("inf"), 0.0, float("nan")))
+        special = tl.where(
+            x == 0.0, zero_inf, tl.where(x == float("inf"), 0.0, float("nan"))
+        )
     else:
         res = xs * y
         if REFINE:
             # one Newton step on s^2 - xs: s += (y/2)(xs - s^2), the residual by one fma
             res = tl.fma(0.5 * y, tl.fma(-res, res, xs), res)
         res = res * tl.where(tiny, 0.000244140625, 1.0)  # sqrt(x) = 2^-12 sqrt(2^24 x)
-        special = tl.where(x >= 0.0, x, float("nan"))  # +-0 -> +-0, inf -> inf; x < 0, NaN -> NaN
+        special = tl.where(
+            x >= 0.0, x, float("nan")
+        )  # +-0 -> +-0, inf -> inf; x < 0, NaN -> NaN
     res = tl.where(ok, res, special)
     tl.store(out_ptr + offs, res.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -93,7 +99,9 @@ def _sqrt_kernel(
 SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _launch(x: torch.Tensor, out: torch.Tensor | None, rsqrt: bool, block: int) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor, out: torch.Tensor | None, rsqrt: bool, block: int
+) -> torch.Tensor:
     check_tensor("x", x, dtypes=SUPPORTED, contiguous=True)
     check_kernel_device("x", x, _sqrt_kernel)
     if out is None:
@@ -122,7 +130,9 @@ def _launch(x: torch.Tensor, out: torch.Tensor | None, rsqrt: bool, block: int) 
     return out
 
 
-def sqrt(x: torch.Tensor, *, out: torch.Tensor | None = None, block: int = 4096) -> torch.Tensor:
+def sqrt(
+    x: torch.Tensor, *, out: torch.Tensor | None = None, block: int = 4096
+) -> torch.Tensor:
     """Elementwise square root by Newton refinement, within 1 ulp of the correctly rounded result.
 
     Args:
@@ -136,7 +146,9 @@ def sqrt(x: torch.Tensor, *, out: torch.Tensor | None = None, block: int = 4096)
     return _launch(x, out, rsqrt=False, block=block)
 
 
-def rsqrt(x: torch.Tensor, *, out: torch.Tensor | None = None, block: int = 4096) -> torch.Tensor:
+def rsqrt(
+    x: torch.Tensor, *, out: torch.Tensor | None = None, block: int = 4096
+) -> torch.Tensor:
     """Elementwise 1/sqrt(x) by Newton refinement (the "fast inverse square root", made exact).
 
     Args and dtypes as :func:`sqrt`. Returns +-inf for +-0, 0 for inf, NaN for x < 0 and NaN

@@ -48,25 +48,35 @@ def _finite(value: float, what: str, history: list[float]) -> float:
 
 
 def iterate(
-    step: Callable[[float, list[float]], float], x0: float, tol: float, max_iter: int, name: str
+    step: Callable[[float, list[float]], float],
+    x0: float,
+    tol: float,
+    max_iter: int,
+    name: str,
 ) -> np.ndarray:
     """Run ``x_{n+1} = step(x_n)`` until ``|x_{n+1} - x_n| <= tol * max(1, |x_{n+1}|)``."""
     if not (tol > 0 and max_iter >= 1):
-        raise ValueError(f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
+        raise ValueError(
+            f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}"
+        )
     history = [_finite(float(x0), "x0", [float(x0)])]
     for _ in range(max_iter):
         x_next = _finite(step(history[-1], history), "the next iterate", history)
         history.append(x_next)
         if abs(x_next - history[-2]) <= tol * max(1.0, abs(x_next)):
             return np.asarray(history)
-    raise NoConvergenceError(f"{name} did not converge in {max_iter} steps (tol={tol})", history)
+    raise NoConvergenceError(
+        f"{name} did not converge in {max_iter} steps (tol={tol})", history
+    )
 
 
 # --8<-- [end:iterate]
 
 
 # --8<-- [start:newton]
-def newton(f: Fn, df: Fn, x0: float, tol: float = 1e-15, max_iter: int = 50) -> np.ndarray:
+def newton(
+    f: Fn, df: Fn, x0: float, tol: float = 1e-15, max_iter: int = 50
+) -> np.ndarray:
     """Iterates of Newton's method x_{n+1} = x_n - f(x_n) / f'(x_n), until the step is tiny."""
 
     def step(x: float, history: list[float]) -> float:
@@ -84,7 +94,9 @@ def newton(f: Fn, df: Fn, x0: float, tol: float = 1e-15, max_iter: int = 50) -> 
 
 
 # --8<-- [start:halley]
-def halley(f: Fn, df: Fn, d2f: Fn, x0: float, tol: float = 1e-15, max_iter: int = 50) -> np.ndarray:
+def halley(
+    f: Fn, df: Fn, d2f: Fn, x0: float, tol: float = 1e-15, max_iter: int = 50
+) -> np.ndarray:
     """Iterates of Halley's method x_{n+1} = x_n - 2 f f' / (2 f'^2 - f f'')."""
 
     def step(x: float, history: list[float]) -> float:
@@ -101,7 +113,9 @@ def halley(f: Fn, df: Fn, d2f: Fn, x0: float, tol: float = 1e-15, max_iter: int 
 
 
 # --8<-- [start:bisection]
-def bisection(f: Fn, a: float, b: float, tol: float = 1e-15, max_iter: int = 200) -> np.ndarray:
+def bisection(
+    f: Fn, a: float, b: float, tol: float = 1e-15, max_iter: int = 200
+) -> np.ndarray:
     """Midpoints of bisection on [a, b], where f(a) and f(b) differ in sign: one bit per step."""
     fa, fb = f(a), f(b)
     if not (np.isfinite(fa) and np.isfinite(fb)):
@@ -110,7 +124,9 @@ def bisection(f: Fn, a: float, b: float, tol: float = 1e-15, max_iter: int = 200
         raise ValueError(f"no sign change on [{a}, {b}]: f(a) = {fa}, f(b) = {fb}")
     history: list[float] = []
     for _ in range(max_iter):
-        m = a + (b - a) / 2  # midpoint, written so that it stays inside [a, b] in floating point
+        m = (
+            a + (b - a) / 2
+        )  # midpoint, written so that it stays inside [a, b] in floating point
         history.append(m)
         fm = f(m)
         if fm == 0 or (b - a) / 2 <= tol * max(1.0, abs(m)):
@@ -119,7 +135,9 @@ def bisection(f: Fn, a: float, b: float, tol: float = 1e-15, max_iter: int = 200
             a, fa = m, fm  # the root is in [m, b]
         else:
             b = m  # the root is in [a, m]
-    raise NoConvergenceError(f"bisection did not converge in {max_iter} steps (tol={tol})", history)
+    raise NoConvergenceError(
+        f"bisection did not converge in {max_iter} steps (tol={tol})", history
+    )
 
 
 # --8<-- [end:bisection]
@@ -151,7 +169,9 @@ def newton_system(
         history.append(x + dx)
         if np.linalg.norm(dx) <= tol * max(1.0, np.linalg.norm(history[-1])):
             return np.stack(history)
-    raise NoConvergenceError(f"Newton's method did not converge in {max_iter} steps", history)
+    raise NoConvergenceError(
+        f"Newton's method did not converge in {max_iter} steps", history
+    )
 
 
 # --8<-- [end:newton_system]
