@@ -115,6 +115,12 @@ def test_bisection_and_solver_refusals():
         newton(f, df, float("nan"))
     with pytest.raises(ValueError, match="need tol > 0"):
         newton(f, df, 1.0, tol=0.0)
+    with pytest.raises(ValueError, match="errors must be >= 3 positive numbers"):
+        convergence_order([1e-1, 1e-2])
+    with pytest.raises(ValueError, match=r"J\(x\) must be \(2, 2\) and F\(x\) \(2,\), got \(2,\)"):
+        newton_system(lambda v: v, lambda v: v, np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="x0 must be a finite 1-D vector"):
+        newton_system(lambda v: v, lambda v: np.eye(2), np.array([[1.0, 2.0]]))
 
 
 # ---------------------------------------------------------------- Triton sqrt / rsqrt

@@ -147,6 +147,8 @@ def bisection(
 def convergence_order(errors: np.ndarray) -> np.ndarray:
     """Empirical order q_n = log(e_{n+1} / e_n) / log(e_n / e_{n-1}) from consecutive errors."""
     e = np.asarray(errors, dtype=np.float64)
+    if e.ndim != 1 or len(e) < 3 or not np.all(e > 0):
+        raise ValueError(f"errors must be >= 3 positive numbers, got {e!r}")
     return np.log(e[2:] / e[1:-1]) / np.log(e[1:-1] / e[:-2])
 
 
@@ -163,9 +165,14 @@ def newton_system(
 ) -> np.ndarray:
     """Multivariate Newton: solve J(x_n) dx = -F(x_n), x_{n+1} = x_n + dx. Returns [steps+1, d]."""
     history = [np.asarray(x0, dtype=np.float64)]
+    if history[0].ndim != 1 or not np.all(np.isfinite(history[0])):
+        raise ValueError(f"x0 must be a finite 1-D vector, got {history[0]!r}")
     for _ in range(max_iter):
         x = history[-1]
-        dx = np.linalg.solve(J(x), -F(x))  # a linear solve replaces the division by f'(x)
+        Jx, Fx = np.asarray(J(x)), np.asarray(F(x))
+        if Jx.shape != (len(x), len(x)) or Fx.shape != x.shape:
+            raise ValueError(f"J(x) must be {(len(x),) * 2} and F(x) {x.shape}, got {Jx.shape}, {Fx.shape}")
+        dx = np.linalg.solve(Jx, -Fx)  # a linear solve replaces the division by f'(x)
         history.append(x + dx)
         if np.linalg.norm(dx) <= tol * max(1.0, np.linalg.norm(history[-1])):
             return np.stack(history)
