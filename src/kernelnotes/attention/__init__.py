@@ -1,0 +1,32 @@
+"""FlashAttention-2: NumPy reference (standard, tiled forward, backward) and Triton kernels.
+
+``kernelnotes.attention.flash_attention`` and the launchers import torch and triton on first use.
+"""
+
+from kernelnotes.attention.reference import (
+    VERSIONS,
+    attention_naive,
+    causal_mask,
+    flash_attention_backward,
+    flash_attention_forward,
+    hbm_bytes_flash,
+    hbm_bytes_standard,
+    largest_tile,
+    tile_bytes,
+)
+
+_KERNEL_NAMES = ("flash_attention", "flash_attn_fwd", "flash_attn_bwd", "FlashAttnFunction")
+
+__all__ = [
+    "VERSIONS", "attention_naive", "causal_mask", "flash_attention_backward",
+    "flash_attention_forward", "hbm_bytes_flash", "hbm_bytes_standard", "largest_tile",
+    "tile_bytes", *_KERNEL_NAMES,
+]
+
+
+def __getattr__(name: str):
+    if name in _KERNEL_NAMES:
+        from kernelnotes.attention import kernel
+
+        return getattr(kernel, name)
+    raise AttributeError(f"module 'kernelnotes.attention' has no attribute {name!r}")

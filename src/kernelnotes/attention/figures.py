@@ -1,0 +1,264 @@
+"""Figures and tables of the FlashAttention-2 post, computed at build time (hooks/computed.py).
+
+The worked example and the memory arithmetic come from ``reference.py``; the performance table
+and figure come only from ``benchmarks/results/attention.json`` (written on the GPU), and say
+that results are pending while that file does not exist.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+
+from kernelnotes import _results
+from kernelnotes.attention import reference as ref
+
+H200_SMEM = 228 * 1024  # shared memory per SM on the H200 (bytes)
+# issue 3's targets at D in {64, 128}, N >= 4096: this kernel's speed / the peer's
+TARGETS = {("fwd", "sdpa_flash"): 1.4, ("fwd", "sdpa_cudnn"): 0.85, ("bwd", "sdpa_flash"): 1.2}
+PENDING = ('!!! note "Results pending"\n    Results pending: run `python -m benchmarks attention` '
+           "on a GPU; the table and the figure are drawn from "
+           "`benchmarks/results/attention.json`.")
+
+
+# ----------------------------------------------------------------------------- worked example
+def example():
+    """The seed's N = 6, d = 2 example (σ = 1, as in the seed's walk-through)."""
+    Q = np.array([[2, -1], [-2, 5], [4, 1], [0, 2], [3, 0], [1, -3]], float)
+    K = np.array([[1, -2], [0, 3], [4, 1], [-1, 2], [5, 0], [2, -4]], float)
+    V = np.array([[3, 0], [1, 2], [-2, 1], [5, -3], [4, 0], [-1, 2]], float)
+    return Q, K, V
+
+
+def _num(x: float) -> str:
+    if x == -np.inf:
+        return r"-\infty"
+    if x == 0 or (abs(x) >= 1e-3 and float(np.round(x, 4)) == x):
+        return f"{x:g}"
+    if abs(x) < 1e-3:
+        m, e = f"{x:.3e}".split("e")
+        return rf"{m}\times 10^{{{int(e)}}}"
+    return f"{x:.4f}"
+
+
+def _mat(A) -> str:
+    A = np.atleast_2d(A)
+    rows = r" \\ ".join(" & ".join(_num(x) for x in row) for row in A)
+    return rf"$\begin{{bmatrix}} {rows} \end{{bmatrix}}$"
+
+
+def _col(a) -> str:
+    return _mat(np.asarray(a)[:, None])
+
+
+def table_worked_example() -> str:
+    """Every inner step (i = 1, j = 1..3) of the FA2 forward on the example, from the trace."""
+    Q, K, V = example()
+    trace: list = []
+    ref.flash_attention_forward(Q, K, V, 2, 2, sm_scale=1.0, trace=trace)
+    header = ["step", "$S_{1j}$", "$m_1^{(j)}$", r"$\tilde P_{1j}$", r"$\alpha$",
+              r"$\ell_1^{(j)}$", r"$\tilde O_1^{(j)}$"]
+    rows = [[f"$j = {t['j'] + 1}$", _mat(t["S"]), _col(t["m"]), _mat(t["P"]), _col(t["alpha"]),
+             _col(t["ell"]), _mat(t["O_tilde"])] for t in trace if t["i"] == 0]
+    return _results.markdown_table(header, rows, "c" * len(header))
+
+
+# ----------------------------------------------------------------------------- memory arithmetic
+def table_tile_budget() -> str:
+    """On-chip bytes of one inner step for a few tile shapes, against the H200's 228 KB."""
+    rows = []
+    for Br, Bc, d in [(64, 64, 64), (128, 64, 64), (128, 128, 64), (128, 64, 128),
+                      (128, 128, 128), (128, 64, 256), (128, 128, 256)]:
+        b = ref.tile_bytes(Br, Bc, d)
+        rows.append([Br, Bc, d, f"{b / 1024:.1f}", f"{b / H200_SMEM:.2f}",
+                     "yes" if b <= H200_SMEM else "no"])
+    return _results.markdown_table(
+        ["$B_r$", "$B_c$", "$d$", "on-chip KiB (bf16 tiles, fp32 $S$, $\\tilde O$)",
+         "fraction of 228 KiB", "fits"], rows)
+
+
+def table_hbm_traffic() -> str:
+    """HBM bytes of the standard three-pass attention and of the FA2 forward, one head, bf16."""
+    rows = []
+    for d in (64, 128):
+        Br = ref.largest_tile(H200_SMEM, d)
+        for N in (1024, 4096, 16384, 65536):
+            std, fa = ref.hbm_bytes_standard(N, d), ref.hbm_bytes_flash(N, d, Br)
+            rows.append([d, N, Br, f"{std / 2**20:,.1f}", f"{fa / 2**20:,.1f}", f"{std / fa:.1f}x"])
+    return _results.markdown_table(
+        ["$d$", "$N$", "$B_r$ (largest that fits)", "standard MiB", "FA2 MiB", "standard / FA2"],
+        rows)
+
+
+def measured_peak_bytes(Ns=(128, 256, 512, 1024, 2048), d=64, B=64):
+    """Peak bytes NumPy allocates (tracemalloc) in naive vs tiled attention, float64, one head."""
+    rng = np.random.default_rng(0)
+    out = {"naive": [], "flash": []}
+    for N in Ns:
+        Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))
+        for name, fn in (("naive", lambda: ref.attention_naive(Q, K, V)),
+                         ("flash", lambda: ref.flash_attention_forward(Q, K, V, B, B))):
+            tracemalloc.start()
+            fn()
+            out[name].append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+    return np.array(Ns), out
+
+
+# ----------------------------------------------------------------------------- figures
+def figure_tiling():
+    """Q row tiles, K/V column tiles and the S grid with the causal tiles: skipped, masked, full."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    T = 6
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    ax.set_xlim(-3.2, T + 3.0)
+    ax.set_ylim(T + 2.4, -0.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    for i in range(T):
+        for j in range(T):
+            color = "#d9d9d9" if j > i else ("#f4a261" if j == i else "#8ecae6")
+            ax.add_patch(Rectangle((j, i), 1, 1, fc=color, ec="white", lw=2))
+            if j < i:
+                ax.text(j + 0.5, i + 0.5, "full", ha="center", va="center", fontsize=7)
+            elif j == i:
+                ax.text(j + 0.5, i + 0.5, "mask", ha="center", va="center", fontsize=7)
+    ax.add_patch(Rectangle((0, 3), T, 1, fill=False, ec="k", lw=2.5))
+    ax.add_patch(Rectangle((-2.2, 3), 1.4, 1, fc="#2a9d8f", ec="k"))
+    ax.text(-1.5, 3.5, "$Q_i$", ha="center", va="center", color="white")
+    for i in range(T):
+        ax.add_patch(Rectangle((-2.2, i), 1.4, 1, fill=False, ec="#2a9d8f"))
+    for j in range(T):
+        ax.add_patch(Rectangle((j, T + 0.4), 1, 1.4, fc="#e9c46a" if j <= 3 else "white", ec="k"))
+    ax.text(T / 2, T + 2.2, "$K_j, V_j$ streamed through on-chip memory ($j = 1 \\dots T_c$)",
+            ha="center", va="center", fontsize=9)
+    ax.text(-1.5, -0.15, "$Q$ tiles", ha="center", va="bottom", fontsize=9)
+    ax.text(T / 2, -0.15, "$S = Q K^T$ in $B_r \\times B_c$ tiles (never stored)", ha="center",
+            va="bottom", fontsize=9)
+    ax.annotate("one program:\nquery tile $i$,\nloop over $j$", xy=(T, 3.5), xytext=(T + 0.5, 3.5),
+                fontsize=8, ha="left", va="center", arrowprops=dict(arrowstyle="->"))
+    ax.text(T + 0.5, 1.0, "grey: skipped\n(future keys)", fontsize=8, va="center")
+    return fig
+
+
+def figure_memory():
+    """Measured peak memory of the NumPy references as N grows."""
+    import matplotlib.pyplot as plt
+
+    Ns, peak = measured_peak_bytes()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.loglog(Ns, np.array(peak["naive"]) / 2**20, "o-", label="standard (S, P materialized)")
+    ax.loglog(Ns, np.array(peak["flash"]) / 2**20, "s-", label="FA2 tiled, $B_r = B_c = 64$")
+    ax.set_xlabel("sequence length $N$ ($d = 64$, float64, one head)")
+    ax.set_ylabel("peak allocated MiB (tracemalloc)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def _bench():
+    try:
+        return _results.load("attention")
+    except FileNotFoundError:
+        return None
+
+
+def figure_tflops():
+    """TFLOP/s vs N from the committed H200 results (a placeholder until they exist)."""
+    import matplotlib.pyplot as plt
+
+    data = _bench()
+    fig, axes = plt.subplots(2, 4, figsize=(12, 5.5), sharex=True)
+    if data is None:
+        fig.clear()
+        fig.text(0.5, 0.5, "Results pending: run `python -m benchmarks attention` on a GPU",
+                 ha="center", va="center")
+        return fig
+    rows = [r for r in data["rows"] if "tflops" in r]
+    styles = {"triton_fa2": "o-", "triton_fa2_atomic": "d-", "sdpa_flash": "s--",
+              "sdpa_cudnn": "^--", "naive": "x:"}
+    for a, (pass_, causal) in enumerate([("fwd", False), ("fwd", True), ("bwd", False),
+                                         ("bwd", True)]):
+        for b, D in enumerate((64, 128)):
+            ax = axes[b, a]
+            for impl, style in styles.items():
+                pts = sorted((r["N"], r["tflops"]) for r in rows if r["impl"] == impl
+                             and r["D"] == D and r["pass"] == pass_ and r["causal"] == causal)
+                if pts:
+                    ax.plot(*zip(*pts), style, label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{pass_}, D={D}, {'causal' if causal else 'non-causal'}", fontsize=9)
+            ax.grid(True, alpha=0.3)
+            if a == 0:
+                ax.set_ylabel("TFLOP/s")
+            if b == 1:
+                ax.set_xlabel("N")
+    handles = {}
+    for ax in axes.flat:
+        ax.set_ylim(bottom=0)
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.suptitle(f"bf16, 16 heads, batch x N = 65536 - {data['meta']['gpu']}, "
+                 f"{data['meta']['date'][:10]}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=8)
+    return fig
+
+
+def figure_gpu_memory():
+    """Peak extra memory of a training forward (output + what backward keeps) on the GPU."""
+    import matplotlib.pyplot as plt
+
+    data = _bench()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    rows = [] if data is None else [r for r in data["rows"] if "fwd_peak_mib" in r
+                                    and r["pass"] == "bwd" and not r["causal"] and r["D"] == 128]
+    if not rows:
+        fig.clear()
+        fig.text(0.5, 0.5, "Results pending: run `python -m benchmarks attention` on a GPU",
+                 ha="center", va="center")
+        return fig
+    for impl, style in (("naive", "x:"), ("sdpa_flash", "s--"), ("triton_fa2", "o-")):
+        pts = sorted((r["N"], r["fwd_peak_mib"] / r["B"]) for r in rows if r["impl"] == impl)
+        if pts:
+            ax.loglog(*zip(*pts), style, base=2, label=impl)
+    ax.set_xlabel("N (bf16, 16 heads, D = 128)")
+    ax.set_ylabel("MiB per sequence")
+    ax.set_title(f"{data['meta']['gpu']}, {data['meta']['date'][:10]}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def table_performance() -> str:
+    """TFLOP/s of every implementation and the issue's ratios, from the committed results."""
+    data = _bench()
+    if data is None:
+        return PENDING
+    t: dict = {}
+    for r in data["rows"]:
+        if "tflops" in r:
+            t.setdefault((r["D"], r["N"], r["causal"], r["pass"]), {})[r["impl"]] = r["tflops"]
+    impls = ["triton_fa2", "triton_fa2_atomic", "sdpa_flash", "sdpa_cudnn", "naive"]
+    rows = []
+    for (D, N, causal, pass_), v in sorted(t.items(), key=lambda kv: (kv[0][3] != "fwd", kv[0])):
+        cells = [f"{v[i]:.0f}" if i in v else "-" for i in impls]
+        ratio = []
+        for ours, p in (("triton_fa2", "sdpa_flash"), ("triton_fa2", "sdpa_cudnn"),
+                        ("triton_fa2_atomic", "sdpa_flash")):
+            target = TARGETS.get((pass_, p)) if N >= 4096 else None
+            if ours in v and p in v:
+                r = v[ours] / v[p]
+                mark = (" ✓" if r >= target else f" (< {target})") if target else ""
+                cell = f"{r:.2f}x{mark}"
+            else:
+                cell = "-"
+            ratio.append(cell)
+        rows.append([pass_, D, N, "yes" if causal else "no", *cells, *ratio])
+    table = _results.markdown_table(
+        ["pass", "D", "N", "causal", "this kernel", "fused bwd", "SDPA flash", "SDPA cuDNN",
+         "naive", "vs flash", "vs cuDNN", "fused vs flash"], rows)
+    return table + "\n\n" + _results.provenance(data["meta"])

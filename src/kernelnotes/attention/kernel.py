@@ -1,0 +1,597 @@
+"""FlashAttention-2 in Triton: forward, backward and the autograd Function.
+
+Order: the jit kernels (forward; backward preprocess, dK/dV and dQ), then the launchers
+``flash_attn_fwd`` / ``flash_attn_bwd``, then ``FlashAttnFunction`` and ``flash_attention``.
+The algorithm is Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+Partitioning" (2023, arXiv:2307.08691), Algorithms 1 and 2; the post is
+docs/posts/09-flash-attention-2.md. Written for this project, not adapted from the Triton tutorial.
+The fused backward (dQ added with atomics) is the paper's Section 3.2 scheme; the deterministic
+default gives dQ its own kernel instead.
+
+Conventions: q [B, Hq, Nq, D], k and v [B, Hkv, Nk, D] with Hq a multiple of Hkv (grouped-query
+attention); causal masks are bottom-right aligned (query i sees key j iff j <= i + Nk - Nq); a
+query row that sees no key gets O = 0 and L = +inf (FlashAttention's convention), so its
+gradients are 0 too. Scores live in the log2 domain: S2 = (sm_scale * log2 e) q k^T, so every
+exponential is an exp2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelnotes._validate import check_kernel_device, check_tensor
+
+DTYPES = (torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+
+
+# --8<-- [start:mma]
+@triton.jit
+def _mma(a, b, acc, DOT_FP32: tl.constexpr):
+    """tl.dot(a, b, acc) with fp32 accumulation. DOT_FP32 is set only under the CPU interpreter for
+    bfloat16, whose tl.dot (triton 3.9) multiplies the raw bf16 bit patterns: the upcast operands
+    give the same products, as bf16 x bf16 is exact in fp32."""
+    if DOT_FP32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+# --8<-- [end:mma]
+
+
+# --8<-- [start:fwd_inner]
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+               lo, hi, N_K, causal_off, qk_scale,
+               MASK: tl.constexpr,  # tail or diagonal tiles: apply the key bound and causal mask
+               CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_kv = start_n + offs_n  # key indices j of this tile           [BLOCK_N]
+        kv_mask = offs_d[None, :] < HEAD_DIM  # padded head-dim columns load as 0
+        if MASK:
+            kv_mask = kv_mask & (offs_kv[:, None] < N_K)
+        k = tl.load(k_base + offs_kv[:, None] * stride_kn + offs_d[None, :], mask=kv_mask,
+                    other=0.0)
+        qk = _mma(q, tl.trans(k), None, DOT_FP32)  # Q_i K_jᵀ, so S2_ij = qk_scale * qk
+        if MASK:
+            visible = offs_kv[None, :] < N_K
+            if CAUSAL:
+                visible = visible & (offs_kv[None, :] <= offs_m[:, None] + causal_off)
+            qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # m^(j) = max(m^(j-1), rowmax S2_ij)
+        if MASK:  # a row that has seen only masked keys keeps m = -inf; subtract 0 instead
+            m_new_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new_sub = m_new
+        p = tl.math.exp2(qk * qk_scale - m_new_sub[:, None])  # P̃_ij = 2^(S2_ij - m^(j)): one fma
+        alpha = tl.math.exp2(m_i - m_new_sub)  # 2^(m^(j-1) - m^(j)); m starts at -inf, so 0 first
+        l_i = l_i * alpha + tl.sum(p, 1)  # ℓ_i^(j) = α ℓ_i^(j-1) + rowsum P̃_ij
+        v = tl.load(v_base + offs_kv[:, None] * stride_vn + offs_d[None, :], mask=kv_mask,
+                    other=0.0)
+        acc = acc * alpha[:, None]
+        acc = _mma(p.to(v.dtype), v, acc, DOT_FP32)  # Õ_i^(j) = diag(α) Õ_i^(j-1) + P̃_ij V_j
+        m_i = m_new
+    return acc, l_i, m_i
+# --8<-- [end:fwd_inner]
+
+
+# --8<-- [start:fwd_kernel]
+@triton.jit
+def _flash_attn_fwd_kernel(
+    Q, K, V, O,  # q [B, Hq, Nq, D]; k, v [B, Hkv, Nk, D]; o [B, Hq, Nq, D] contiguous
+    L,  # [B, Hq, Nq] fp32 log-sum-exp (natural log), +inf for a row that sees no key
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    H_Q, N_Q, N_K,  # Hq query heads; Nq queries; Nk keys
+    GROUP,  # Hq // Hkv query heads share one key/value head
+    sm_scale,  # σ, usually 1/sqrt(D)
+    CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr,  # D
+    BLOCK_D: tl.constexpr,  # D padded to a power of two >= 16
+    BLOCK_M: tl.constexpr,  # B_r: queries per program
+    BLOCK_N: tl.constexpr,  # B_c: keys per inner step
+    DOT_FP32: tl.constexpr = False,  # CPU interpreter with bf16 only (see _mma)
+):
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the tiles near the end of the sequence have the most work: launch them first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H_Q).to(tl.int64)
+    off_h = (pid_bh % H_Q).to(tl.int64)
+    off_hk = off_h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm \
+        + offs_d[None, :] * stride_qd
+    q_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # Q_i stays on chip for the whole loop
+    k_base = K + off_b * stride_kb + off_hk * stride_kh
+    v_base = V + off_b * stride_vb + off_hk * stride_vh
+    # the launcher passes unit head-dim strides for k and v (it copies otherwise)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # fold log2(e) into σ: exp(x) = exp2(x log2 e)
+
+    causal_off = N_K - N_Q  # bottom-right alignment: query i sees key j iff j <= i + Nk - Nq
+    if CAUSAL:
+        n_full = tl.minimum(tl.maximum(start_m + causal_off + 1, 0), N_K)  # seen by every row
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_off, 0), N_K)  # seen by some row
+    else:
+        n_full = N_K
+        hi = N_K
+    n_full = (n_full // BLOCK_N) * BLOCK_N
+    # stage 1: tiles below the diagonal and inside [0, Nk): no mask at all
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+                               offs_m, offs_n, offs_d, 0, n_full, N_K, causal_off, qk_scale,
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32)
+    # stage 2: the diagonal tiles and the key tail, masked
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+                               offs_m, offs_n, offs_d, n_full, hi, N_K, causal_off, qk_scale,
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32)
+
+    empty = l_i == 0.0  # nothing visible: O = 0 and L = +inf, never 0/0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]  # O_i = diag(ℓ_i)⁻¹ Õ_i
+    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    o_ptrs = O + (pid_bh.to(tl.int64) * N_Q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=q_mask)
+    tl.store(L + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+# --8<-- [end:fwd_kernel]
+
+
+# --8<-- [start:bwd_preprocess]
+@triton.jit
+def _bwd_preprocess_kernel(
+    O, DO, Delta,  # o [B, Hq, Nq, D] contiguous; do any strides; Delta [B, Hq, Nq] fp32
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    H_Q, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H_Q).to(tl.int64)
+    off_h = (pid_bh % H_Q).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + (pid_bh.to(tl.int64) * N_Q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Delta + pid_bh.to(tl.int64) * N_Q + offs_m, tl.sum(o * do, 1),  # D_i = rowsum(dO∘O)
+             mask=offs_m < N_Q)
+# --8<-- [end:bwd_preprocess]
+
+
+# --8<-- [start:bwd_dkdv]
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base,
+                    stride_qm, stride_dom, offs_n, offs_d, lo, hi, N_Q, N_K, causal_off, qk_scale,
+                    MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    DQ_ATOMIC: tl.constexpr, DOT_FP32: tl.constexpr):
+    # transposed tiles: rows are keys j, columns queries i, so dK_j, dV_j accumulate in place
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        # rows past Nq load q = dO = 0 and L = +inf, so they add exactly 0: no mask needed
+        row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_mask,
+                    other=0.0)
+        l2 = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=float("inf")) * 1.4426950408889634
+        kqT = _mma(k, tl.trans(q), None, DOT_FP32)  # (Q_i K_jᵀ)ᵀ        [BLOCK_N, BLOCK_M]
+        pT = tl.math.exp2(kqT * qk_scale - l2[None, :])  # P_ijᵀ = 2^(S2 - L log2 e), recomputed
+        if MASK:
+            pT = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_off, pT, 0.0)
+        if DQ_ATOMIC:  # keys past Nk (zero rows of k) give 2^(-L) that may overflow: drop them
+            pT = tl.where(offs_n[:, None] < N_K, pT, 0.0)
+        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=row_mask,
+                     other=0.0)
+        dv = _mma(pT.to(do.dtype), do, dv, DOT_FP32)  # dV_j += P_ijᵀ dO_i
+        dpT = _mma(v, tl.trans(do), None, DOT_FP32)  # dP_ijᵀ = V_j dO_iᵀ
+        Di = tl.load(d_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        dsT = pT * (dpT - Di[None, :])  # dS_ij = P_ij (dP_ij - D_i)
+        dk = _mma(dsT.to(q.dtype), q, dk, DOT_FP32)  # dK_j += dS_ijᵀ Q_i (σ applied at the end)
+        if DQ_ATOMIC:  # fused variant: dQ_i += dS_ij K_j added from every key tile, in any order
+            dq = _mma(tl.trans(dsT.to(k.dtype)), k, None, DOT_FP32)
+            tl.atomic_add(dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq,
+                          mask=row_mask, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _flash_attn_bwd_dkdv_kernel(
+    Q, K, V, DO, L, Delta, DK, DV,  # dk, dv [B, Hkv, Nk, D] contiguous
+    DQ,  # fp32 [B, Hq, Nq, D] zeros, only with DQ_ATOMIC
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    H_Q, H_KV, N_Q, N_K, GROUP, sm_scale,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M1: tl.constexpr,  # queries per inner step
+    BLOCK_N1: tl.constexpr,  # keys per program
+    DQ_ATOMIC: tl.constexpr = False,  # also add σ⁻¹ dQ into DQ with atomics (non-deterministic)
+    DOT_FP32: tl.constexpr = False,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)  # one key/value head: b * Hkv + hk
+    off_b = (pid_bh // H_KV).to(tl.int64)
+    off_hk = (pid_bh % H_KV).to(tl.int64)
+    start_n = pid_n * BLOCK_N1
+    offs_n = start_n + tl.arange(0, BLOCK_N1)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None] * stride_kn
+                + offs_d[None, :], mask=kv_mask, other=0.0)  # K_j, V_j stay on chip
+    v = tl.load(V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vn
+                + offs_d[None, :], mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    causal_off = N_K - N_Q
+    nq_ceil = tl.cdiv(N_Q, BLOCK_M1) * BLOCK_M1
+    if CAUSAL:  # rows i >= j - off see key j; rows i >= start_n + BLOCK_N1 - 1 - off see them all
+        lo = tl.minimum(tl.maximum(start_n - causal_off, 0) // BLOCK_M1 * BLOCK_M1, nq_ceil)
+        mid = tl.cdiv(tl.maximum(start_n + BLOCK_N1 - 1 - causal_off, 0), BLOCK_M1) * BLOCK_M1
+        mid = tl.minimum(tl.maximum(mid, lo), nq_ceil)
+    else:
+        lo = 0
+        mid = 0
+    # every query head of the group adds into the same dK_j, dV_j: a loop, not atomics,
+    # so the backward is deterministic
+    for g in range(0, GROUP):
+        off_h = off_hk * GROUP + g
+        bh_q = off_b * H_Q + off_h
+        q_base = Q + off_b * stride_qb + off_h * stride_qh
+        do_base = DO + off_b * stride_dob + off_h * stride_doh
+        l_base = L + bh_q * N_Q
+        d_base = Delta + bh_q * N_Q
+        dq_base = DQ + bh_q * N_Q * HEAD_DIM
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base,
+                                 stride_qm, stride_dom, offs_n, offs_d, lo, mid, N_Q, N_K,
+                                 causal_off, qk_scale, True, HEAD_DIM, BLOCK_M1, DQ_ATOMIC,
+                                 DOT_FP32)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base,
+                                 stride_qm, stride_dom, offs_n, offs_d, mid, nq_ceil, N_Q, N_K,
+                                 causal_off, qk_scale, False, HEAD_DIM, BLOCK_M1, DQ_ATOMIC,
+                                 DOT_FP32)
+    out = (pid_bh.to(tl.int64) * N_K + offs_n[:, None]) * HEAD_DIM + offs_d[None, :]
+    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)  # dK = σ dSᵀ Q
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+# --8<-- [end:bwd_dkdv]
+
+
+# --8<-- [start:bwd_dq]
+@triton.jit
+def _bwd_dq_inner(dq, q, do, l2, Di, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                  lo, hi, N_K, causal_off, qk_scale,
+                  MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = offs_d[None, :] < HEAD_DIM
+        if MASK:
+            kv_mask = kv_mask & (offs_n[:, None] < N_K)
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = _mma(q, tl.trans(k), None, DOT_FP32)  # Q_i K_jᵀ           [BLOCK_M, BLOCK_N]
+        p = tl.math.exp2(qk * qk_scale - l2[:, None])  # P_ij = 2^(S2 - L log2 e), recomputed
+        if MASK:  # also drops the key tail, where e^(0 - L) could overflow for very negative L
+            visible = offs_n[None, :] < N_K
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_off)
+            p = tl.where(visible, p, 0.0)
+        dp = _mma(do, tl.trans(v), None, DOT_FP32)  # dP_ij = dO_i V_jᵀ
+        ds = p * (dp - Di[:, None])  # dS_ij = P_ij (dP_ij - D_i)
+        dq = _mma(ds.to(k.dtype), k, dq, DOT_FP32)  # dQ_i += dS_ij K_j   (σ applied at the end)
+    return dq
+
+
+@triton.jit
+def _flash_attn_bwd_dq_kernel(
+    Q, K, V, DO, L, Delta, DQ,  # dq [B, Hq, Nq, D] contiguous
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    H_Q, N_Q, N_K, GROUP, sm_scale,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M2: tl.constexpr,  # queries per program
+    BLOCK_N2: tl.constexpr,  # keys per inner step
+    DOT_FP32: tl.constexpr = False,
+):
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H_Q).to(tl.int64)
+    off_h = (pid_bh % H_Q).to(tl.int64)
+    off_hk = off_h // GROUP
+    start_m = pid_m * BLOCK_M2
+    offs_m = start_m + tl.arange(0, BLOCK_M2)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm
+                + offs_d[None, :], mask=row_mask, other=0.0)
+    do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom
+                 + offs_d[None, :], mask=row_mask, other=0.0)
+    l2 = tl.load(L + pid_bh.to(tl.int64) * N_Q + offs_m, mask=offs_m < N_Q,
+                 other=float("inf")) * 1.4426950408889634
+    Di = tl.load(Delta + pid_bh.to(tl.int64) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    k_base = K + off_b * stride_kb + off_hk * stride_kh
+    v_base = V + off_b * stride_vb + off_hk * stride_vh
+    dq = tl.zeros([BLOCK_M2, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    causal_off = N_K - N_Q
+    if CAUSAL:  # the same key range as the forward
+        n_full = tl.minimum(tl.maximum(start_m + causal_off + 1, 0), N_K)
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M2 + causal_off, 0), N_K)
+    else:
+        n_full = N_K
+        hi = N_K
+    n_full = (n_full // BLOCK_N2) * BLOCK_N2
+    dq = _bwd_dq_inner(dq, q, do, l2, Di, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                       0, n_full, N_K, causal_off, qk_scale, False, CAUSAL, HEAD_DIM, BLOCK_N2,
+                       DOT_FP32)
+    dq = _bwd_dq_inner(dq, q, do, l2, Di, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                       n_full, hi, N_K, causal_off, qk_scale, True, CAUSAL, HEAD_DIM, BLOCK_N2,
+                       DOT_FP32)
+    out = (pid_bh.to(tl.int64) * N_Q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
+    tl.store(DQ + out, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_mask)  # dQ = σ dS K
+# --8<-- [end:bwd_dq]
+
+
+# --8<-- [start:configs]
+def _fwd_configs(block_d: int) -> list:
+    """Hopper forward tiles: B_r = 128 rows per program, 8 warps, a 2-3 stage K/V pipeline.
+    Shared memory per program ~ (B_r + 2 stages * 2 B_c) * BLOCK_D * 2 bytes <= 228 KB."""
+    if block_d <= 64:
+        shapes = [(128, 128, 8, 3), (128, 64, 8, 3)]
+    elif block_d <= 128:
+        shapes = [(128, 64, 8, 3), (128, 128, 8, 2)]
+    else:
+        shapes = [(128, 64, 8, 2), (64, 64, 4, 2)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+            for m, n, w, s in shapes]
+
+
+def _dkdv_configs(block_d: int) -> list:
+    """dK/dV keeps K_j, V_j and two fp32 [B_c, D] accumulators on chip: B_c shrinks with D."""
+    if block_d <= 64:
+        shapes = [(64, 128, 8, 3), (32, 128, 4, 3)]
+    elif block_d <= 128:
+        shapes = [(64, 128, 8, 2), (32, 64, 4, 3)]
+    else:
+        shapes = [(32, 64, 8, 2), (16, 64, 4, 2)]
+    return [triton.Config({"BLOCK_M1": m, "BLOCK_N1": n}, num_warps=w, num_stages=s)
+            for m, n, w, s in shapes]
+
+
+def _dq_configs(block_d: int) -> list:
+    if block_d <= 64:
+        shapes = [(128, 64, 8, 3), (128, 32, 4, 3)]
+    elif block_d <= 128:
+        shapes = [(128, 64, 8, 2), (64, 64, 4, 3)]
+    else:
+        shapes = [(64, 64, 8, 2), (64, 32, 4, 2)]
+    return [triton.Config({"BLOCK_M2": m, "BLOCK_N2": n}, num_warps=w, num_stages=s)
+            for m, n, w, s in shapes]
+
+
+# the interpreter runs one fixed small config (autotuning there would take minutes)
+CPU_FWD_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
+CPU_BWD_CONFIG = triton.Config({"BLOCK_M1": 16, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 16},
+                               num_warps=4, num_stages=1)
+_TUNE_KEY = ["N_Q", "N_K", "GROUP", "CAUSAL", "HEAD_DIM"]
+_tuned: dict = {}
+
+
+def _autotuned(kernel, name: str, block_d: int, configs, reset_to_zero=None):
+    key = (name, block_d)
+    if key not in _tuned:  # atomics accumulate across the tuning runs: zero DQ before each
+        _tuned[key] = triton.autotune(configs=configs, key=_TUNE_KEY,
+                                      reset_to_zero=reset_to_zero)(kernel)
+    return _tuned[key]
+# --8<-- [end:configs]
+
+
+def _interpreted() -> bool:
+    return type(_flash_attn_fwd_kernel).__name__ == "InterpretedFunction"
+
+
+def _dot_fp32(q) -> bool:
+    return _interpreted() and q.dtype == torch.bfloat16
+
+
+def _block_d(D: int) -> int:
+    return max(16, triton.next_power_of_2(D))
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read the head dim with stride 1 (vectorized loads); other strides are free."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def _check_qkv(q, k, v):
+    check_tensor("q", q, dtypes=DTYPES, ndim=4, nonempty=True)
+    check_kernel_device("q", q, _flash_attn_fwd_kernel)
+    check_tensor("k", k, dtypes=(q.dtype,), ndim=4, nonempty=True, device=q.device)
+    check_tensor("v", v, dtypes=(q.dtype,), ndim=4, nonempty=True, device=q.device)
+    B, Hq, Nq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k must be [B={B}, Hkv, Nk, D={D}] to match q {tuple(q.shape)}, "
+                         f"got {tuple(k.shape)}")
+    if Hq % k.shape[1] != 0:
+        raise ValueError(f"the number of query heads Hq={Hq} must be a multiple of the number of "
+                         f"key/value heads Hkv={k.shape[1]} (grouped-query attention)")
+    if not 16 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={D} is not supported: need 16 <= D <= {MAX_HEAD_DIM}")
+    if B * Hq > 65535:  # the batch-head index is the grid's second axis
+        raise ValueError(f"B * Hq = {B * Hq} is not supported: at most 65535 (batch {B}, "
+                         f"{Hq} heads)")
+
+
+def _check_scale(sm_scale, D) -> float:
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    if not (sm_scale > 0 and math.isfinite(sm_scale)):  # the running max assumes σ > 0
+        raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale}")
+    return sm_scale
+
+
+# --8<-- [start:launcher]
+def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
+    """FlashAttention-2 forward (Dao 2023, arXiv:2307.08691, Algorithm 1).
+
+    Args:
+        q: [B, Hq, Nq, D] float16 or bfloat16, any strides; 16 <= D <= 256 (any D: the kernel
+            pads the head dim to a power of two and masks the padding).
+        k, v: [B, Hkv, Nk, D], same dtype and device as q; Hq must be a multiple of Hkv.
+        causal: mask keys in the future, bottom-right aligned: query i sees key j iff
+            j <= i + Nk - Nq (rows with i < Nq - Nk see nothing and give zeros).
+        sm_scale: σ in softmax(σ q kᵀ); default 1/sqrt(D).
+        config: a ``triton.Config`` with BLOCK_M, BLOCK_N (tests); None autotunes on a GPU.
+
+    Returns:
+        o: [B, Hq, Nq, D] same dtype as q (contiguous); lse: [B, Hq, Nq] float32, the natural
+        log-sum-exp of each row of σ q kᵀ, +inf for a row that sees no key.
+    """
+    _check_qkv(q, k, v)
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    sm_scale = _check_scale(sm_scale, D)
+    k, v = _unit_last(k), _unit_last(v)
+    q = _unit_last(q)
+    o = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    block_d = _block_d(D)
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), Hq, Nq, Nk, Hq // Hkv,
+            sm_scale)
+    meta = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=block_d, DOT_FP32=_dot_fp32(q))
+    if config is None and _interpreted():
+        config = CPU_FWD_CONFIG
+    if config is None:
+        kernel = _autotuned(_flash_attn_fwd_kernel, "fwd", block_d, _fwd_configs(block_d))
+        grid = lambda META: (triton.cdiv(Nq, META["BLOCK_M"]), B * Hq)  # noqa: E731
+        kernel[grid](*args, **meta)
+    else:
+        grid = (triton.cdiv(Nq, config.kwargs["BLOCK_M"]), B * Hq)
+        _flash_attn_fwd_kernel[grid](*args, **meta, **config.kwargs, num_warps=config.num_warps,
+                                     num_stages=config.num_stages)
+    return o, lse
+
+
+def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None,
+                   deterministic=True):
+    """FlashAttention-2 backward (Dao 2023, Algorithm 2) by recomputing P from ``lse``.
+
+    A preprocess kernel computes D = rowsum(dO∘O). Then, with ``deterministic=True``, a dK/dV
+    kernel (one program per key tile, looping over the queries of every head of its group) and a
+    dQ kernel (one program per query tile, looping over the keys): no atomics, bitwise repeatable.
+    With ``deterministic=False``, one fused kernel computes dK, dV and adds each tile's share of dQ
+    into an fp32 buffer with atomics (5 tile matmuls per step instead of 7; the summation order,
+    and so the last bits of dQ, vary from run to run).
+
+    Args:
+        do: [B, Hq, Nq, D] gradient of o, q's dtype, any strides.
+        q, k, v, o, lse: as given to and returned by ``flash_attn_fwd``.
+        config: a ``triton.Config`` with BLOCK_M1, BLOCK_N1 (dK/dV) and BLOCK_M2, BLOCK_N2 (dQ);
+            None autotunes each kernel on a GPU.
+        deterministic: choose the atomic-free backward (default) or the fused atomic one.
+
+    Returns:
+        dq [B, Hq, Nq, D], dk and dv [B, Hkv, Nk, D], in q's dtype (contiguous).
+    """
+    _check_qkv(q, k, v)
+    check_tensor("do", do, dtypes=(q.dtype,), ndim=4, device=q.device)
+    if do.shape != q.shape:
+        raise ValueError(f"do must have q's shape {tuple(q.shape)}, got {tuple(do.shape)}")
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    sm_scale = _check_scale(sm_scale, D)
+    q, k, v, do = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(do)
+    o, lse = o.contiguous(), lse.contiguous()
+    block_d = _block_d(D)
+    delta = torch.empty_like(lse)
+    _bwd_preprocess_kernel[(triton.cdiv(Nq, 64), B * Hq)](
+        o, do, delta, *do.stride(), Hq, Nq, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=64)
+    dk = torch.empty((B, Hkv, Nk, D), dtype=q.dtype, device=q.device)
+    dv = torch.empty_like(dk)
+    if deterministic:
+        dq = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
+    else:  # σ⁻¹ dQ accumulates here in fp32 from every key tile
+        dq = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    meta = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=block_d, DOT_FP32=_dot_fp32(q))
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, dq, *strides, Hq, Hkv, Nq, Nk, Hq // Hkv,
+                 sm_scale)
+    dq_args = (q, k, v, do, lse, delta, dq, *strides, Hq, Nq, Nk, Hq // Hkv, sm_scale)
+    if config is None and _interpreted():
+        config = CPU_BWD_CONFIG
+    if config is None:
+        if deterministic:
+            dkdv = _autotuned(_flash_attn_bwd_dkdv_kernel, "dkdv", block_d, _dkdv_configs(block_d))
+        else:  # one candidate: tuning runs of an atomic kernel must re-zero DQ each time anyway
+            dkdv = _autotuned(_flash_attn_bwd_dkdv_kernel, "dkdv_atomic", block_d,
+                              _dkdv_configs(block_d)[:1], reset_to_zero=["DQ"])
+        dkdv[lambda META: (triton.cdiv(Nk, META["BLOCK_N1"]), B * Hkv)](
+            *dkdv_args, **meta, DQ_ATOMIC=not deterministic)
+        if deterministic:
+            dqk = _autotuned(_flash_attn_bwd_dq_kernel, "dq", block_d, _dq_configs(block_d))
+            dqk[lambda META: (triton.cdiv(Nq, META["BLOCK_M2"]), B * Hq)](*dq_args, **meta)
+    else:
+        c = config.kwargs
+        launch = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+        _flash_attn_bwd_dkdv_kernel[(triton.cdiv(Nk, c["BLOCK_N1"]), B * Hkv)](
+            *dkdv_args, **meta, BLOCK_M1=c["BLOCK_M1"], BLOCK_N1=c["BLOCK_N1"],
+            DQ_ATOMIC=not deterministic, **launch)
+        if deterministic:
+            _flash_attn_bwd_dq_kernel[(triton.cdiv(Nq, c["BLOCK_M2"]), B * Hq)](
+                *dq_args, **meta, BLOCK_M2=c["BLOCK_M2"], BLOCK_N2=c["BLOCK_N2"], **launch)
+    if not deterministic:
+        dq = (dq * sm_scale).to(q.dtype)
+    return dq, dk, dv
+# --8<-- [end:launcher]
+
+
+# --8<-- [start:autograd]
+class FlashAttnFunction(torch.autograd.Function):
+    """o = softmax(σ q kᵀ [+ causal mask]) v with the FlashAttention-2 forward and backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, sm_scale=None, deterministic=True, fwd_config=None,
+                bwd_config=None):
+        o, lse = flash_attn_fwd(q, k, v, causal, sm_scale, fwd_config)
+        ctx.save_for_backward(q, k, v, o, lse)  # O(N) extra memory: o and lse, never P
+        ctx.args = (causal, sm_scale, bwd_config, deterministic)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        causal, sm_scale, config, deterministic = ctx.args
+        dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse, causal, sm_scale, config, deterministic)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def flash_attention(q, k, v, causal=False, sm_scale=None, *, deterministic=True, fwd_config=None,
+                    bwd_config=None):
+    """FlashAttention-2 with autograd; see ``flash_attn_fwd`` for shapes and the causal convention.
+
+    ``deterministic=True`` (default) gives a bitwise-repeatable backward without atomics;
+    ``False`` uses the fused backward that adds dQ with atomics (see ``flash_attn_bwd``).
+    """
+    return FlashAttnFunction.apply(q, k, v, causal, sm_scale, deterministic, fwd_config,
+                                   bwd_config)
+# --8<-- [end:autograd]
