@@ -1,0 +1,145 @@
+"""mHC on the GPU: Triton mhc_pre / mhc_pre_from_mixes / mhc_post against the float32 torch
+reference (eager, and torch.compile of it), T in {1, 128, 1024, 8192}, H in {4096, 7168}.
+
+Napkin math, bytes each op must move per token (bf16 = 2 B, fp32 = 4 B), minimal traffic:
+  mhc_pre_from_mixes: read residual 4H*2 + dot_mix 24*4*S + sqrsum 4*S, write layer_input 2H
+                      + post 4*4 + comb 16*4                     = 10H + 100 S + 80
+  mhc_post:           read x 2H + residual 8H + post/comb 80, write 8H = 18H + 80
+  mhc_pre (whole):    read residual 8H once, write layer_input 2H + post/comb 80 = 10H + 80
+                      (fn, 24 x 4H fp32, is read once per run and stays in L2: not counted)
+FLOPs are negligible (2 * 24 * 4H per token for the projection: 0.1 FLOP/byte).
+"""
+
+from __future__ import annotations
+
+import time
+
+from benchmarks._harness import bench_ms
+from kernelnotes.mhc.reference import bytes_per_token
+
+DEVICE = "cuda"
+T_ALL = (1, 128, 1024, 8192)
+H_ALL = (4096, 7168)
+T_QUICK, H_QUICK = (1, 8192), (7168,)
+COMPILE_BUDGET_S = 90.0  # start no compiled peer after this many seconds (the run: < 2 min)
+
+
+def _inputs(T: int, H: int):
+    import torch
+
+    g = torch.Generator(device=DEVICE).manual_seed(T + H)
+    K = 4 * H
+    residual = torch.randn(T, 4, H, device=DEVICE, generator=g).bfloat16()
+    fn = torch.randn(24, K, device=DEVICE, generator=g) / K**0.5
+    scale = 1 + 0.1 * torch.randn(3, device=DEVICE, generator=g)
+    base = 0.3 * torch.randn(24, device=DEVICE, generator=g)
+    x = residual.flatten(1).float()
+    dot_mix = (x @ fn.T).contiguous()  # [T, 24]: S = 1
+    sqrsum = x.square().sum(-1).contiguous()  # [T]
+    layer_out = torch.randn(T, H, device=DEVICE, generator=g).bfloat16()
+    post = 2 * torch.rand(T, 4, device=DEVICE, generator=g)
+    comb = torch.rand(T, 4, 4, device=DEVICE, generator=g)
+    comb = comb / comb.sum(1, keepdim=True)
+    return residual, fn, scale, base, dot_mix, sqrsum, layer_out, post, comb
+
+
+def _calls(impls: dict, T: int, H: int):
+    """{op: {impl: zero-argument callable}} for one shape."""
+    residual, fn, scale, base, dot_mix, sqrsum, layer_out, post, comb = _inputs(T, H)
+    out = {}
+    for name, (pre, from_mixes, post_fn) in impls.items():
+        out.setdefault("mhc_pre", {})[name] = lambda f=pre: f(residual, fn, scale, base)
+        out.setdefault("mhc_pre_from_mixes", {})[name] = (
+            lambda f=from_mixes, n=name: f(dot_mix if n == "triton" else dot_mix[None],
+                                          sqrsum if n == "triton" else sqrsum[None],
+                                          residual, scale, base))
+        out.setdefault("mhc_post", {})[name] = lambda f=post_fn: f(layer_out, residual, post, comb)
+    return out
+
+
+def _row(op, impl, T, H, ms):
+    nbytes = T * bytes_per_token(op, H)
+    p50, p20, p80 = ms
+    return {"op": op, "impl": impl, "T": T, "H": H, "ms": p50, "ms_p20": p20, "ms_p80": p80,
+            "bytes": nbytes, "gbs": nbytes / (p50 * 1e-3) / 1e9}
+
+
+def run(quick: bool) -> list[dict]:
+    import functools
+
+    import torch
+
+    from kernelnotes.mhc import kernel
+    from kernelnotes.mhc.torch_reference import (
+        mhc_post_torch,
+        mhc_pre_from_mixes_torch,
+        mhc_pre_torch,
+    )
+
+    t0 = time.time()
+    shapes = [(T, H) for H in (H_QUICK if quick else H_ALL) for T in (T_QUICK if quick else T_ALL)]
+    timing = {"warmup_ms": 10, "rep_ms": 40} if quick else {"warmup_ms": 20, "rep_ms": 60}
+    if quick:  # a smoke run: fixed tiles, no autotuning, no torch.compile
+        stream = {"BLOCK_T": 2, "BLOCK_H": 1024, "num_warps": 4}
+        pre_cfg = {"project": {"BLOCK_T": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
+                   "fuse": stream}
+        triton_impl = (functools.partial(kernel.mhc_pre, config=pre_cfg),
+                       functools.partial(kernel.mhc_pre_from_mixes, config=stream),
+                       functools.partial(kernel.mhc_post, config=stream))
+    else:
+        triton_impl = (kernel.mhc_pre, kernel.mhc_pre_from_mixes, kernel.mhc_post)
+    eager_impl = (mhc_pre_torch, mhc_pre_from_mixes_torch, mhc_post_torch)
+    rows = []
+    # 1. this project's kernels and the eager peer, every shape (autotuning happens here)
+    for T, H in shapes:
+        calls = _calls({"triton": triton_impl, "eager": eager_impl}, T, H)
+        for op, by_impl in calls.items():
+            for impl, fn in by_impl.items():
+                rows.append(_row(op, impl, T, H, bench_ms(fn, **timing)))
+        del calls
+        torch.cuda.empty_cache()
+    # 2. torch.compile of the same reference while the time budget lasts (compiles are slow):
+    #    dynamic shapes (one graph for T > 1, one for T = 1), mhc_pre first, small T first
+    budget = COMPILE_BUDGET_S
+    ops = () if quick else ("mhc_pre", "mhc_pre_from_mixes", "mhc_post")  # quick: < 30 s
+    compiled = tuple(torch.compile(f, dynamic=True) for f in eager_impl)
+    for op in ops:
+        for T, H in sorted(shapes):
+            if time.time() - t0 > budget:
+                rows.append({"op": op, "impl": "compiled", "T": T, "H": H, "ms": None,
+                             "skipped": f"compile budget of {budget:.0f} s spent"})
+                continue
+            fn = _calls({"compiled": compiled}, T, H)[op]["compiled"]
+            try:
+                rows.append(_row(op, "compiled", T, H, bench_ms(fn, **timing)))
+            except Exception as e:  # noqa: BLE001  a peer that fails to compile: reported
+                rows.append({"op": op, "impl": "compiled", "T": T, "H": H, "ms": None,
+                             "skipped": f"{type(e).__name__}: {str(e)[:200]}"})
+            del fn
+            torch.cuda.empty_cache()
+    return rows
+
+
+def summary(rows: list[dict], meta: dict) -> str:
+    copy = meta["copy_gbs"]
+    ms = {(r["op"], r["impl"], r["T"], r["H"]): r["ms"] for r in rows if r.get("ms")}
+    gbs = {(r["op"], r["impl"], r["T"], r["H"]): r["gbs"] for r in rows if r.get("ms")}
+    lines = [f"mHC, copy ceiling {copy:.0f} GB/s"]
+    for H in sorted({r["H"] for r in rows}):
+        for op, target in (("mhc_pre_from_mixes", 90), ("mhc_post", 90), ("mhc_pre", 55)):
+            g = gbs.get((op, "triton", 8192, H))
+            if g is not None:
+                lines.append(f"{op} T=8192 H={H}: {g:.0f} GB/s = {100 * g / copy:.1f}% of copy "
+                             f"(target >= {target}%)")
+        e, t = ms.get(("mhc_pre", "eager", 8192, H)), ms.get(("mhc_pre", "triton", 8192, H))
+        if e and t:
+            lines.append(f"mhc_pre T=8192 H={H}: {e / t:.1f}x the eager torch reference "
+                         "(target >= 15x)")
+        for T in sorted({r["T"] for r in rows if r["T"] < 8192}):
+            for op in ("mhc_pre", "mhc_pre_from_mixes", "mhc_post"):
+                t, c = ms.get((op, "triton", T, H)), ms.get((op, "compiled", T, H))
+                if t:
+                    vs = (f", torch.compile {1e3 * c:.1f} us ({c / t:.2f}x; target >= 1x)"
+                          if c else "")
+                    lines.append(f"{op} T={T} H={H}: {1e3 * t:.1f} us{vs}")
+    return "\n".join(lines)

@@ -1,0 +1,20 @@
+"""Manifold-constrained hyper-connections (mHC): NumPy reference and Triton kernels.
+
+``kernelnotes.mhc.mhc_pre``, ``mhc_pre_from_mixes`` and ``mhc_post`` (Triton) import torch and
+triton on first use only; the NumPy reference lives in ``kernelnotes.mhc.reference``.
+"""
+
+from kernelnotes.mhc import reference
+from kernelnotes.mhc.reference import amax_gain, gates, mhc_layer, mixes, sinkhorn
+
+_KERNEL_NAMES = ("mhc_pre", "mhc_pre_from_mixes", "mhc_post")
+
+__all__ = ["reference", "amax_gain", "gates", "mhc_layer", "mixes", "sinkhorn", *_KERNEL_NAMES]
+
+
+def __getattr__(name: str):
+    if name in _KERNEL_NAMES:
+        from kernelnotes.mhc import kernel
+
+        return getattr(kernel, name)
+    raise AttributeError(f"module 'kernelnotes.mhc' has no attribute {name!r}")

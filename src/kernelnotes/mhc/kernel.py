@@ -1,0 +1,461 @@
+"""mHC in Triton: the pre step (projection + gates + Sinkhorn + layer input) and the post step.
+
+Order: the jit kernels (split-K projection, big-fuse, post), then the torch-facing launchers
+``mhc_pre``, ``mhc_pre_from_mixes`` and ``mhc_post``. The semantics are DeepSeek-V4's
+(report eq. 1-7) and the FlashInfer kernels' (``mhc_pre_big_fuse``, ``mhc_post``, PR #3285);
+docs/posts/08-mhc-kernel-study.md maps one onto the other. Forward only (inference).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelnotes._validate import check_kernel_device, check_tensor
+
+N_HC = 4  # streams; the kernels are written for exactly 4
+N_MIX = 24  # [pre 0..3 | post 4..7 | comb 8..23], comb[j][k] at slot 8 + 4j + k
+
+
+# --8<-- [start:round_bf16]
+@triton.jit
+def _round_bf16(v):
+    """fp32 -> the nearest bf16 value (ties to even), still held in fp32.
+
+    Rounding by hand makes both machines agree: the interpreter's fp32->bf16 cast truncates.
+    """
+    bits = v.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+# --8<-- [end:round_bf16]
+
+
+# --8<-- [start:stream_load]
+@triton.jit
+def _stream_load(ptrs, mask):
+    """bf16 read once, as fp32; evict_first: the data has no reuse, keep L2 for what does."""
+    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+# --8<-- [end:stream_load]
+
+
+# --8<-- [start:project_kernel]
+@triton.jit
+def _mhc_project_kernel(
+    x_ptr,  # *bf16 [T, K]: the residual [T, 4, H] read flat, K = 4H
+    fn_ptr,  # *fp32 [24, K]: W^fused transposed
+    dot_ptr,  # *fp32 [S, T, 24] out: partial x @ fn^T of each K-split
+    sq_ptr,  # *fp32 [S, T] out: partial sum of x^2 of each K-split
+    T, K, K_SPLIT,  # tokens, 4H, K columns per split (a multiple of BLOCK_K)
+    BLOCK_T: tl.constexpr,  # tokens per program (the M of the MMA)
+    BLOCK_K: tl.constexpr,
+    MMA_BF16: tl.constexpr,  # False only under the interpreter (see below)
+):
+    pid_s = tl.program_id(0)  # splits fastest: a token block's whole row is read at one time
+    pid_t = tl.program_id(1)
+    offs_t = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    mask_t = offs_t < T
+    offs_n = tl.arange(0, 32)  # 24 mixes padded to the MMA's N = 32
+    mask_n = offs_n < 24
+    k_lo = pid_s * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+
+    acc = tl.zeros((BLOCK_T, 32), dtype=tl.float32)
+    sq = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < k_hi
+        x = tl.load(x_ptr + offs_t[:, None] * K + offs_k[None, :],
+                    mask=mask_t[:, None] & mask_k[None, :], other=0.0)  # bf16 [BT, BK]
+        w = tl.load(fn_ptr + offs_n[None, :] * K + offs_k[:, None],
+                    mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # fp32 [BK, 32], from L2
+        # fn = hi + lo in two bf16 parts: bf16 x bf16 products are exact in the fp32 accumulator,
+        # so two bf16 MMAs give fn to 2^-16 relative, where one TF32 MMA would round it to 2^-11
+        w_hi = _round_bf16(w)
+        w_lo = _round_bf16(w - w_hi)
+        if MMA_BF16:
+            acc = tl.dot(x, w_hi.to(tl.bfloat16), acc)
+            acc = tl.dot(x, w_lo.to(tl.bfloat16), acc)
+        else:  # Triton 3.9's interpreter multiplies bf16 tensors' raw bits: same values in fp32
+            acc = tl.dot(x.to(tl.float32), w_hi, acc)
+            acc = tl.dot(x.to(tl.float32), w_lo, acc)
+        xf = x.to(tl.float32)
+        sq += tl.sum(xf * xf, axis=1)
+
+    row = pid_s * T + offs_t  # [BT], int64
+    tl.store(dot_ptr + row[:, None] * 24 + offs_n[None, :], acc,
+             mask=mask_t[:, None] & mask_n[None, :])
+    tl.store(sq_ptr + row, sq, mask=mask_t)
+# --8<-- [end:project_kernel]
+
+
+# --8<-- [start:gate_helpers]
+@triton.jit
+def _sum_splits(dot_ptr, offs, mask, T, S, S_MAX: tl.constexpr):
+    """sum over the S split partials of dot_mix[s, t, slot] at offs = t * 24 + slot.
+
+    Unrolled to S_MAX >= S with masked loads: all S loads are in flight at once, and the
+    partials are added in split order (deterministic).
+    """
+    acc = tl.load(dot_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, S_MAX):
+        live = offs * 0 + s < S  # s < S as a full tensor: the interpreter refuses a scalar mask
+        acc += tl.load(dot_ptr + s * T * 24 + offs, mask=mask & live, other=0.0)
+    return acc
+
+
+@triton.jit
+def _sigmoid(v):
+    return 1.0 / (1.0 + tl.exp(-v))
+
+
+@triton.jit
+def _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX: tl.constexpr, j: tl.constexpr,
+              rstd, scale0, pre_eps):
+    """A_l[j] for BLOCK_T tokens: sigmoid(mix_j * alpha_pre + S_j) + eps."""
+    m = _sum_splits(dot_ptr, offs_t * 24 + j, mask_t, T, S, S_MAX)
+    return _sigmoid(m * rstd * scale0 + tl.load(base_ptr + j)) + pre_eps
+# --8<-- [end:gate_helpers]
+
+
+# --8<-- [start:sinkhorn_kernel]
+@triton.jit
+def _post_and_comb(dot_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, offs_t, mask_t, rstd,
+                   T, S, S_MAX: tl.constexpr, sinkhorn_eps, post_mult, sinkhorn_iters):
+    """C_l = post_mult sigmoid(.) and comb = Sinkhorn(.) for BLOCK_T tokens, all in registers."""
+    j = tl.arange(0, 4)
+    m_post = _sum_splits(dot_ptr, offs_t[:, None] * 24 + 4 + j[None, :], mask_t[:, None], T, S,
+                         S_MAX)
+    post = post_mult * _sigmoid(m_post * rstd[:, None] * tl.load(scale_ptr + 1)
+                                + tl.load(base_ptr + 4 + j)[None, :])  # [BT, 4]
+    tl.store(post_ptr + offs_t[:, None] * 4 + j[None, :], post, mask=mask_t[:, None])
+
+    slot = 8 + j[:, None] * 4 + j[None, :]  # comb[j][k] at 8 + 4j + k   [4, 4]
+    m3 = mask_t[:, None, None]
+    m_comb = _sum_splits(dot_ptr, offs_t[:, None, None] * 24 + slot[None, :, :], m3, T, S, S_MAX)
+    c = m_comb * rstd[:, None, None] * tl.load(scale_ptr + 2) + tl.load(base_ptr + slot)[None]
+    c = tl.exp(c - tl.max(c, axis=2)[:, :, None])  # [BT, 4(j), 4(k)]
+    c = c / tl.sum(c, axis=2)[:, :, None] + sinkhorn_eps  # softmax over k, + eps
+    c = c / (tl.sum(c, axis=1)[:, None, :] + sinkhorn_eps)  # column-normalise (sum over j)
+    for _ in range(1, sinkhorn_iters):
+        c = c / (tl.sum(c, axis=2)[:, :, None] + sinkhorn_eps)  # row-normalise (sum over k)
+        c = c / (tl.sum(c, axis=1)[:, None, :] + sinkhorn_eps)  # column-normalise
+    tl.store(comb_ptr + offs_t[:, None, None] * 16 + (slot - 8)[None, :, :], c, mask=m3)
+# --8<-- [end:sinkhorn_kernel]
+
+
+# --8<-- [start:fuse_kernel]
+@triton.jit
+def _mhc_pre_fuse_kernel(
+    dot_ptr,  # *fp32 [S, T, 24]: x @ fn^T, un-normalised, in S split partials
+    sq_ptr,  # *fp32 [S, T]: sum of x^2, in S split partials
+    res_ptr,  # *bf16 [T, 4, H]: the residual X_l
+    scale_ptr,  # *fp32 [3]: alpha_pre, alpha_post, alpha_res
+    base_ptr,  # *fp32 [24]: S (static part), one per slot
+    li_ptr,  # *bf16 [T, H] out: layer_input = A_l X_l
+    post_ptr,  # *fp32 [T, 4] out: C_l
+    comb_ptr,  # *fp32 [T, 4, 4] out: comb, B_l = comb^T
+    T, H, S,
+    inv_k, rms_eps, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters,
+    S_MAX: tl.constexpr,  # a power of two >= S: the split loops are unrolled to it
+    REVERSE: tl.constexpr,  # walk tokens last to first (to meet the projection's L2 tail)
+    BLOCK_T: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # hidden columns per program
+):
+    n_h = tl.cdiv(H, BLOCK_H)
+    pid = tl.program_id(0)
+    pid_h = pid % n_h  # neighbouring programs share tokens: their mixes load from L1/L2
+    pid_t = pid // n_h
+    if REVERSE:
+        pid_t = tl.cdiv(T, BLOCK_T) - 1 - pid_t
+    offs_t = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    mask_t = offs_t < T
+
+    # the residual loads first: they depend on nothing, so they are in flight while the gates
+    # below wait for dot_mix (the first real dependency is the FMA, not the load)
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = mask_t[:, None] & (offs_h < H)[None, :]
+    x = res_ptr + offs_t[:, None] * (4 * H) + offs_h[None, :]  # stream j at + j * H
+    x0 = _stream_load(x, mask)
+    x1 = _stream_load(x + H, mask)
+    x2 = _stream_load(x + 2 * H, mask)
+    x3 = _stream_load(x + 3 * H, mask)
+
+    sq = tl.load(sq_ptr + offs_t, mask=mask_t, other=0.0)
+    for s in tl.static_range(1, S_MAX):
+        sq += tl.load(sq_ptr + s * T + offs_t, mask=mask_t & (offs_t * 0 + s < S), other=0.0)
+    rstd = 1.0 / tl.sqrt(sq * inv_k + rms_eps)  # 1 / RMS(vec X_l)   [BT]
+    # the only coefficients the bandwidth-bound part needs: A_l
+    scale0 = tl.load(scale_ptr)
+    p0 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 0, rstd, scale0, pre_eps)
+    p1 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 1, rstd, scale0, pre_eps)
+    p2 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 2, rstd, scale0, pre_eps)
+    p3 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 3, rstd, scale0, pre_eps)
+
+    acc = p0[:, None] * x0 + p1[:, None] * x1 + p2[:, None] * x2 + p3[:, None] * x3  # j = 0..3
+    tl.store(li_ptr + offs_t[:, None] * H + offs_h[None, :], _round_bf16(acc).to(tl.bfloat16),
+             mask=mask)
+
+    if pid_h == 0:  # one program per token block writes C_l and B_l
+        _post_and_comb(dot_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, offs_t, mask_t, rstd,
+                       T, S, S_MAX, sinkhorn_eps, post_mult, sinkhorn_iters)
+# --8<-- [end:fuse_kernel]
+
+
+# --8<-- [start:post_kernel]
+@triton.jit
+def _mhc_post_kernel(
+    f_ptr,  # *bf16 [T, H]: the sublayer output F_l(A_l X_l)
+    res_ptr,  # *bf16 [T, 4, H]: X_l
+    post_ptr,  # *fp32 [T, 4]: C_l
+    comb_ptr,  # *fp32 [T, 4, 4]: comb = B_l^T
+    out_ptr,  # *bf16 [T, 4, H] out: X_{l+1}
+    T, H,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    n_h = tl.cdiv(H, BLOCK_H)
+    pid = tl.program_id(0)
+    pid_h = pid % n_h
+    pid_t = pid // n_h
+    offs_t = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    mask_t = offs_t < T
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = mask_t[:, None] & (offs_h < H)[None, :]
+
+    f = _stream_load(f_ptr + offs_t[:, None] * H + offs_h[None, :], mask)
+    row = offs_t[:, None] * (4 * H) + offs_h[None, :]  # stream j of X and of X_{l+1} at + j * H
+    x = res_ptr + row
+    x0 = _stream_load(x, mask)
+    x1 = _stream_load(x + H, mask)
+    x2 = _stream_load(x + 2 * H, mask)
+    x3 = _stream_load(x + 3 * H, mask)
+    for k in tl.static_range(4):  # new stream k = C[k] F + sum_j comb[j][k] X[j]
+        c = comb_ptr + offs_t * 16 + k  # comb[t, j, k] at + 4j
+        acc = tl.load(post_ptr + offs_t * 4 + k, mask=mask_t, other=0.0)[:, None] * f
+        acc += tl.load(c, mask=mask_t, other=0.0)[:, None] * x0
+        acc += tl.load(c + 4, mask=mask_t, other=0.0)[:, None] * x1
+        acc += tl.load(c + 8, mask=mask_t, other=0.0)[:, None] * x2
+        acc += tl.load(c + 12, mask=mask_t, other=0.0)[:, None] * x3
+        tl.store(out_ptr + row + k * H, _round_bf16(acc).to(tl.bfloat16), mask=mask)
+# --8<-- [end:post_kernel]
+
+
+# --8<-- [start:configs]
+# The streaming kernels, (BLOCK_T, BLOCK_H, num_warps): 1024 or 2048 elements per stream and
+# program, 8 or 16 bf16 (16 or 32 B) per thread and stream, four streams in flight per thread;
+# BLOCK_T = 1 gives small T the most programs. Kept to two: each one compiles per variant.
+STREAM_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_H": h}, num_warps=w)
+                  for t, h, w in ((1, 1024, 4), (2, 1024, 4))]
+# The projection: M = 64 or 128 tokens per MMA, fn tiles stream from L2 beside the residual.
+PROJECT_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_K": k}, num_warps=w, num_stages=s)
+                   for t, k, w, s in ((64, 128, 4, 4), (128, 64, 8, 4))]
+K_SPLIT_ALIGN = 256  # split boundaries on multiples of every BLOCK_K, so S is config-free
+MAX_SPLITS = 16  # the big-fuse kernel unrolls its split sums: keep S (and its code) small
+# Under the interpreter there is nothing to tune: one small fixed configuration.
+INTERPRETER_CONFIG = {"project": {"BLOCK_T": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+                      "fuse": {"BLOCK_T": 4, "BLOCK_H": 64, "num_warps": 4}}
+
+_project_tuned = triton.autotune(PROJECT_CONFIGS, key=["K", "T"])(_mhc_project_kernel)
+_fuse_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T", "S"])(_mhc_pre_fuse_kernel)
+_post_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T"])(_mhc_post_kernel)
+# --8<-- [end:configs]
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2  # the interpreter: a few splits, to exercise the split-K path
+
+
+def _check_eps(**kw) -> None:
+    for name, v in kw.items():
+        if not (isinstance(v, (int, float)) and v > 0 and v < float("inf")):
+            raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+
+
+def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps):
+    check_tensor("residual", residual, dtypes=(torch.bfloat16,), ndim=3, nonempty=True,
+                 contiguous=True)
+    check_kernel_device("residual", residual, _mhc_pre_fuse_kernel)
+    if residual.shape[1] != N_HC:
+        raise ValueError(f"residual must be [T, 4, H] (4 streams), got {tuple(residual.shape)}")
+    for name, t, n in (("scale", scale, 3), ("base", base, N_MIX)):
+        check_tensor(name, t, dtypes=(torch.float32,), ndim=1, contiguous=True,
+                     device=residual.device)
+        if t.shape[0] != n:
+            raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
+    _check_eps(**eps)
+    if not (isinstance(post_mult, (int, float)) and abs(post_mult) < float("inf")):
+        raise ValueError(f"post_mult must be a finite number, got {post_mult!r}")
+    if not (isinstance(sinkhorn_iters, int) and sinkhorn_iters >= 1):
+        raise ValueError(f"sinkhorn_iters must be an int >= 1, got {sinkhorn_iters!r}")
+
+
+def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
+          sinkhorn_iters, config, reverse):
+    T, _, H = residual.shape
+    S = dot_mix.shape[0]
+    if config is None and residual.device.type != "cuda":
+        config = INTERPRETER_CONFIG["fuse"]
+    layer_input = torch.empty((T, H), dtype=torch.bfloat16, device=residual.device)
+    post_mix = torch.empty((T, N_HC), dtype=torch.float32, device=residual.device)
+    comb_mix = torch.empty((T, N_HC, N_HC), dtype=torch.float32, device=residual.device)
+    args = (dot_mix, sqrsum, residual, scale, base, layer_input, post_mix, comb_mix, T, H, S,
+            1.0 / (N_HC * H), float(rms_eps), float(pre_eps), float(sinkhorn_eps),
+            float(post_mult), int(sinkhorn_iters))
+    grid = lambda m: (triton.cdiv(T, m["BLOCK_T"]) * triton.cdiv(H, m["BLOCK_H"]),)  # noqa: E731
+    s_max = triton.next_power_of_2(S)
+    if config is None:
+        _fuse_tuned[grid](*args, S_MAX=s_max, REVERSE=reverse)
+    else:
+        cfg = dict(config)
+        _mhc_pre_fuse_kernel[grid(cfg)](*args, S_MAX=s_max, REVERSE=reverse, **cfg)
+    return layer_input, post_mix, comb_mix
+
+
+# --8<-- [start:launchers]
+def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6,
+            post_mult=2.0, sinkhorn_iters=20, num_splits=None, config=None):
+    """The whole mHC pre step: RMS, the 24-wide projection, gates, Sinkhorn and A_l X_l.
+
+    DeepSeek-V4 (report eqs. 1-7) with the paper's reordering (Xie et al. 2025,
+    arXiv:2512.24880, sec. 4.3.1): the projection runs on the un-normalised residual and is
+    divided by the RMS afterwards. Two kernels: a split-K projection that reads the residual
+    once and writes ``dot_mix`` [S, T, 24] and ``sqrsum`` [S, T], then the big-fuse kernel
+    (see :func:`mhc_pre_from_mixes`).
+
+    Args:
+        residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1, any H.
+        fn: W^fused transposed, [24, 4H] float32, rows [pre 0..3 | post 4..7 | comb 8..23].
+        scale: [3] float32, (alpha_pre, alpha_post, alpha_res).
+        base: [24] float32, the static part S, one per slot.
+        rms_eps, pre_eps, sinkhorn_eps: > 0 (DeepSeek-V4: 1e-6 each).
+        post_mult: C_l = post_mult * sigmoid(.) (DeepSeek-V4: 2.0; FlashInfer's default 1.0).
+        sinkhorn_iters: row + column normalisations (DeepSeek-V4: 20).
+        num_splits: K-splits of the projection (default: enough programs to fill the GPU).
+        config: None (autotune on a GPU; a small fixed one under the interpreter) or
+            ``{"project": {...}, "fuse": {...}}`` with
+            ``project`` keys BLOCK_T, BLOCK_K (dividing 256), num_warps, num_stages and
+            ``fuse`` keys
+            BLOCK_T, BLOCK_H, num_warps (what the tests pass).
+    Returns:
+        layer_input [T, H] bfloat16 (A_l X_l), post_mix [T, 4] float32 (C_l),
+        comb_mix [T, 4, 4] float32 (comb, with B_l = comb^T).
+    """
+    _check_common(residual, scale, base, sinkhorn_iters, post_mult, rms_eps=rms_eps,
+                  pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps)
+    T, _, H = residual.shape
+    K = N_HC * H
+    if config is None and residual.device.type != "cuda":
+        config = INTERPRETER_CONFIG
+    check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True, device=residual.device)
+    if tuple(fn.shape) != (N_MIX, K):
+        raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
+    if num_splits is None:
+        # ~8 programs per SM (64-token blocks): many short programs keep the last wave's idle
+        # SMs few, whatever the occupancy; a power of two, so no split load is masked off
+        programs = triton.cdiv(8 * _sm_count(residual.device), triton.cdiv(T, 64))
+        want = triton.next_power_of_2(programs)
+        num_splits = max(1, min(want, triton.cdiv(K, K_SPLIT_ALIGN), MAX_SPLITS))
+    if not (isinstance(num_splits, int) and num_splits >= 1):
+        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
+    k_split = triton.cdiv(triton.cdiv(K, num_splits), K_SPLIT_ALIGN) * K_SPLIT_ALIGN
+    S = triton.cdiv(K, k_split)  # every split non-empty
+    dot_mix = torch.empty((S, T, N_MIX), dtype=torch.float32, device=residual.device)
+    sqrsum = torch.empty((S, T), dtype=torch.float32, device=residual.device)
+    args = (residual, fn, dot_mix, sqrsum, T, K, k_split)
+    grid = lambda meta: (S, triton.cdiv(T, meta["BLOCK_T"]))  # noqa: E731
+    mma_bf16 = residual.device.type == "cuda"
+    if config is None:
+        _project_tuned[grid](*args, MMA_BF16=mma_bf16)
+    else:
+        cfg = dict(config["project"])
+        _mhc_project_kernel[grid(cfg)](*args, MMA_BF16=mma_bf16, **cfg)
+    return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
+                 post_mult, sinkhorn_iters, None if config is None else config["fuse"],
+                 reverse=True)
+
+
+def mhc_pre_from_mixes(dot_mix, sqrsum, residual, scale, base, *, rms_eps=1e-6, pre_eps=1e-6,
+                       sinkhorn_eps=1e-6, post_mult=2.0, sinkhorn_iters=20, config=None):
+    """mhc_pre from a precomputed projection: FlashInfer's ``mhc_pre_big_fuse`` boundary.
+
+    rstd = 1/sqrt(sum_s sqrsum[s] / (4H) + rms_eps); mixes = (sum_s dot_mix[s]) * rstd; then
+    pre/post gates, Sinkhorn and layer_input as :func:`mhc_pre`. One program per
+    (BLOCK_T tokens, BLOCK_H columns); the programs of the first H-chunk also run Sinkhorn.
+
+    Args:
+        dot_mix: x @ fn^T of the un-normalised flat residual, [T, 24] or split-K [S, T, 24],
+            float32, contiguous.
+        sqrsum: sum of x^2 per token, [T] or [S, T], float32, contiguous.
+        residual, scale, base, eps, post_mult, sinkhorn_iters: as :func:`mhc_pre`.
+        config: None (autotune on a GPU) or a dict with BLOCK_T, BLOCK_H, num_warps.
+    Returns:
+        layer_input [T, H] bfloat16, post_mix [T, 4] float32, comb_mix [T, 4, 4] float32.
+    """
+    _check_common(residual, scale, base, sinkhorn_iters, post_mult, rms_eps=rms_eps,
+                  pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps)
+    T = residual.shape[0]
+    check_tensor("dot_mix", dot_mix, dtypes=(torch.float32,), contiguous=True,
+                 device=residual.device)
+    check_tensor("sqrsum", sqrsum, dtypes=(torch.float32,), contiguous=True, device=residual.device)
+    if dot_mix.ndim == 2:
+        dot_mix, sqrsum = dot_mix[None], sqrsum[None]
+    S = dot_mix.shape[0]
+    if dot_mix.ndim != 3 or tuple(dot_mix.shape[1:]) != (T, N_MIX) or S < 1:
+        raise ValueError(f"dot_mix must be [T, 24] or [S, T, 24] with T = {T}, "
+                         f"got shape {tuple(dot_mix.shape)}")
+    if tuple(sqrsum.shape) != (S, T):
+        raise ValueError(f"sqrsum must be [T] or [S, T] matching dot_mix (S = {S}, T = {T}), "
+                         f"got shape {tuple(sqrsum.shape)}")
+    return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
+                 post_mult, sinkhorn_iters, config, reverse=False)
+
+
+def mhc_post(x, residual, post_mix, comb_mix, *, config=None):
+    """X_{l+1} = B_l X_l + C_l F: out[t, k] = post[t, k] x[t] + sum_j comb[t, j, k] residual[t, j].
+
+    The residual update of DeepSeek-V4 (report eq. 1; ``hc_post``) and FlashInfer's ``mhc_post``,
+    accumulated in float32 and rounded once to bfloat16.
+
+    Args:
+        x: the sublayer output F_l(A_l X_l), [T, H] bfloat16, contiguous.
+        residual: X_l, [T, 4, H] bfloat16, contiguous.
+        post_mix: C_l, [T, 4] (or [T, 4, 1]) float32.
+        comb_mix: comb = B_l^T, [T, 4, 4] float32.
+        config: None (autotune on a GPU) or a dict with BLOCK_T, BLOCK_H, num_warps.
+    Returns:
+        X_{l+1}, [T, 4, H] bfloat16.
+    """
+    check_tensor("residual", residual, dtypes=(torch.bfloat16,), ndim=3, nonempty=True,
+                 contiguous=True)
+    check_kernel_device("residual", residual, _mhc_post_kernel)
+    T, n, H = residual.shape
+    if n != N_HC:
+        raise ValueError(f"residual must be [T, 4, H] (4 streams), got {tuple(residual.shape)}")
+    check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2, contiguous=True, device=residual.device)
+    if tuple(x.shape) != (T, H):
+        raise ValueError(f"x must have shape (T, H) = {(T, H)}, got {tuple(x.shape)}")
+    check_tensor("post_mix", post_mix, dtypes=(torch.float32,), contiguous=True,
+                 device=residual.device)
+    if tuple(post_mix.shape) not in ((T, N_HC), (T, N_HC, 1)):
+        raise ValueError(f"post_mix must have shape {(T, 4)} or {(T, 4, 1)}, "
+                         f"got {tuple(post_mix.shape)}")
+    check_tensor("comb_mix", comb_mix, dtypes=(torch.float32,), contiguous=True,
+                 device=residual.device)
+    if tuple(comb_mix.shape) != (T, N_HC, N_HC):
+        raise ValueError(f"comb_mix must have shape {(T, 4, 4)}, got {tuple(comb_mix.shape)}")
+    if config is None and residual.device.type != "cuda":
+        config = INTERPRETER_CONFIG["fuse"]
+    out = torch.empty_like(residual)
+    grid = lambda m: (triton.cdiv(T, m["BLOCK_T"]) * triton.cdiv(H, m["BLOCK_H"]),)  # noqa: E731
+    if config is None:
+        _post_tuned[grid](x, residual, post_mix, comb_mix, out, T, H)
+    else:
+        _mhc_post_kernel[grid(config)](x, residual, post_mix, comb_mix, out, T, H, **config)
+    return out
+# --8<-- [end:launchers]
