@@ -1,0 +1,51 @@
+"""Feed-forward networks and backprop: a NumPy reference (forward with cache, manual backward,
+gradient check) and fused Triton linear layers (matmul + bias + activation) with their backward.
+
+The Triton names (``linear_act``, ``linear_swiglu``, ``ffn``, ``FeedForward``, ...) import torch
+and triton on first use only.
+"""
+
+from kernelnotes.ffn.reference import (
+    ACTIVATIONS,
+    activation,
+    activation_grad,
+    ffn_backward,
+    ffn_forward,
+    grad_check,
+    swiglu_ffn_forward,
+    worked_example,
+)
+
+_KERNEL_NAMES = (
+    "linear_act",
+    "linear_swiglu",
+    "ffn",
+    "FeedForward",
+    "linear_act_forward",
+    "linear_swiglu_forward",
+    "act_backward",
+    "linear_backward",
+    "LinearActFunction",
+    "SwiGLUFunction",
+    "FFNFunction",
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "activation",
+    "activation_grad",
+    "ffn_backward",
+    "ffn_forward",
+    "grad_check",
+    "swiglu_ffn_forward",
+    "worked_example",
+    *_KERNEL_NAMES,
+]
+
+
+def __getattr__(name: str):
+    if name in _KERNEL_NAMES:
+        from kernelnotes.ffn import kernel
+
+        return getattr(kernel, name)
+    raise AttributeError(f"module 'kernelnotes.ffn' has no attribute {name!r}")

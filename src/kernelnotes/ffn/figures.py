@@ -1,0 +1,247 @@
+"""Figures and tables of the feed-forward and backprop posts, computed at build time.
+
+``figure_<name>()`` returns a matplotlib Figure; ``table_<name>()`` returns markdown. The
+performance table reads ``benchmarks/results/ffn.json`` and says so when it is not there yet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernelnotes import _results
+from kernelnotes.ffn import reference as ref
+
+SMOOTH = ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+UA_WIDTHS = (2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def ua_target(x):
+    """The function the universal-approximation figure fits."""
+    return np.sin(2 * np.pi * x) + 0.5 * np.cos(5 * np.pi * x)
+
+
+def ua_errors(widths=UA_WIDTHS, n_test=4001):
+    """Max error on [0, 1] of the width-h ReLU fit, for each h."""
+    x = np.linspace(0.0, 1.0, n_test)[:, None]
+    out = []
+    for h in widths:
+        y = ref.ffn_forward(x, ref.relu_fit(ua_target, h), "relu")[0][:, 0]
+        out.append(float(np.max(np.abs(y - ua_target(x[:, 0])))))
+    return np.array(out)
+
+
+def activation_extrema(name, lo=-8.0, hi=8.0, n=160001):
+    """(argmax, max, argmin, min) of sigma' on a fine grid of [lo, hi]."""
+    z = np.linspace(lo, hi, n)
+    d = ref.activation_grad(z, name)
+    return float(z[np.argmax(d)]), float(d.max()), float(z[np.argmin(d)]), float(d.min())
+
+
+def figure_activations():
+    import matplotlib.pyplot as plt
+
+    z = np.linspace(-4, 4, 801)
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
+    for name in ("relu", "gelu", "silu", "sigmoid", "tanh"):
+        ax0.plot(z, ref.activation(z, name), label=name)
+        ax1.plot(z, ref.activation_grad(z, name), label=name)
+    ax0.set_title(r"$\sigma(z)$")
+    ax1.set_title(r"$\sigma'(z)$")
+    for ax in (ax0, ax1):
+        ax.axhline(0, color="0.6", lw=0.6)
+        ax.axvline(0, color="0.6", lw=0.6)
+        ax.set_xlabel("z")
+    ax0.set_ylim(-1.2, 4.2)
+    ax1.set_ylim(-0.2, 1.2)
+    ax1.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def figure_universal():
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
+    x = np.linspace(0, 1, 1001)[:, None]
+    ax0.plot(x[:, 0], ua_target(x[:, 0]), color="k", lw=2, label="f(x)")
+    for h in (4, 8, 32):
+        y = ref.ffn_forward(x, ref.relu_fit(ua_target, h), "relu")[0][:, 0]
+        ax0.plot(x[:, 0], y, lw=1, label=f"h = {h}")
+    ax0.set_xlabel("x")
+    ax0.legend(fontsize=8)
+    ax0.set_title("one hidden ReLU layer of width h")
+    hs = np.array(UA_WIDTHS)
+    errs = ua_errors()
+    ax1.loglog(hs, errs, "o-", label="max error")
+    ax1.loglog(hs, errs[2] * (hs / hs[2]) ** -2.0, "--", color="0.5", label=r"$\propto h^{-2}$")
+    ax1.set_xlabel("hidden width h")
+    ax1.legend(fontsize=8)
+    ax1.set_title(r"$\max_x |f(x) - \hat f_h(x)|$")
+    return fig
+
+
+def figure_xor():
+    import matplotlib.pyplot as plt
+
+    layers, losses = ref.train(
+        ref.XOR_X, ref.XOR_Y, [2, 4, 1], act="tanh", lr=0.5, steps=2000, seed=0
+    )
+    g = np.linspace(-0.25, 1.25, 151)
+    G = np.array(np.meshgrid(g, g)).reshape(2, -1).T
+    out = ref.ffn_forward(G, layers, "tanh")[0].reshape(len(g), len(g))
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
+    ax0.semilogy(losses)
+    ax0.set_xlabel("gradient-descent step")
+    ax0.set_title("training loss, XOR, widths 2-4-1, tanh")
+    cs = ax1.contourf(g, g, out, levels=np.linspace(-0.5, 1.5, 21), cmap="coolwarm")
+    ax1.contour(g, g, out, levels=[0.5], colors="k")
+    ax1.scatter(
+        ref.XOR_X[:, 0], ref.XOR_X[:, 1], c=ref.XOR_Y[:, 0], cmap="coolwarm", edgecolors="k", s=80
+    )
+    ax1.set_title(r"$\hat y(x)$ and the level set $\hat y = 0.5$")
+    fig.colorbar(cs, ax=ax1)
+    return fig
+
+
+def table_activations():
+    rows = []
+    formulas = {
+        "relu": r"$\max(z, 0)$",
+        "gelu": r"$z\,\Phi(z)$",
+        "gelu_tanh": r"$\tfrac{z}{2}\big(1 + \tanh(\sqrt{2/\pi}\,(z + 0.044715 z^3))\big)$",
+        "silu": r"$z\,s(z)$, $s(z) = 1/(1 + e^{-z})$",
+        "sigmoid": r"$s(z)$",
+        "tanh": r"$\tanh z$",
+    }
+    for name, formula in formulas.items():
+        zmax, dmax, zmin, dmin = activation_extrema(name)
+        d0 = float(ref.activation_grad(np.array([0.0]), name)[0])
+        big = f"{dmax:.4f} at z = {zmax:.3f}"
+        small = f"{dmin:.4f} at z = {zmin:.3f}"
+        if abs(abs(zmin) - 8.0) < 1e-9:  # the grid's end: a limit, not an attained value
+            small = r"$\to 0$ as $\lvert z \rvert \to \infty$"
+        if name == "relu":
+            big, small = "1 for z > 0", "0 for z <= 0"
+        rows.append([f"`{name}`", formula, f"{d0:.4g}", big, small])
+    return _results.markdown_table(
+        ["name", r"$\sigma(z)$", r"$\sigma'(0)$", r"largest $\sigma'$", r"smallest $\sigma'$"],
+        rows,
+        "llrll",
+    )
+
+
+def worked_intermediates():
+    """Every value of the worked example's forward and backward pass, by name."""
+    X, Y, layers = ref.worked_example()
+    y_hat, cache = ref.ffn_forward(X, layers, "relu")
+    loss, dY = ref.mse_loss(y_hat, Y)
+    (
+        (dW1, db1),
+        (dW2, db2),
+    ) = ref.ffn_backward(dY, layers, cache, "relu")[0]
+    (W2, _) = layers[1]
+    z1, a1 = cache[1][1][0], cache[1][0][0]
+    da1 = (dY @ W2)[0]
+    return {
+        "z_1": z1,
+        "a_1": a1,
+        "z_2": cache[2][1][0],
+        "L": np.array([loss]),
+        "dL/dz_2": dY[0],
+        "dL/dW_2": dW2[0],
+        "dL/db_2": db2,
+        "dL/da_1": da1,
+        "sigma'(z_1)": ref.activation_grad(z1, "relu"),
+        "dL/dz_1": da1 * ref.activation_grad(z1, "relu"),
+        "dL/dW_1 (rows)": dW1,
+        "dL/db_1": db1,
+    }
+
+
+def table_worked_example():
+    symbols = {
+        "z_1": r"$z_1 = W_1 x + b_1$",
+        "a_1": r"$a_1 = \mathrm{relu}(z_1)$",
+        "z_2": r"$\hat y = z_2 = W_2 a_1 + b_2$",
+        "L": r"$L = \frac12 (\hat y - y)^2$",
+        "dL/dz_2": r"$\partial L/\partial z_2 = \hat y - y$",
+        "dL/dW_2": r"$\partial L/\partial W_2 = \frac{\partial L}{\partial z_2} a_1^\top$",
+        "dL/db_2": r"$\partial L/\partial b_2$",
+        "dL/da_1": r"$\partial L/\partial a_1 = W_2^\top \frac{\partial L}{\partial z_2}$",
+        "sigma'(z_1)": r"$\sigma'(z_1)$",
+        "dL/dz_1": (
+            r"$\partial L/\partial z_1 = \frac{\partial L}{\partial a_1} \odot \sigma'(z_1)$"
+        ),
+        "dL/dW_1 (rows)": r"$\partial L/\partial W_1 = \frac{\partial L}{\partial z_1} x^\top$",
+        "dL/db_1": r"$\partial L/\partial b_1 = \frac{\partial L}{\partial z_1}$",
+    }
+    rows = []
+    for key, val in worked_intermediates().items():
+        val = np.atleast_2d(val)
+        text = "; ".join("[" + ", ".join(f"{v + 0.0:.6g}" for v in row) + "]" for row in val)
+        rows.append([symbols[key], text])
+    return _results.markdown_table(["quantity", "value"], rows, "ll")
+
+
+def _ms(rows, op, impl):
+    for r in rows:
+        if r["op"] == op and r["impl"] == impl and "ms" in r:
+            return r["ms"]
+    return None
+
+
+def ratios(rows: list[dict]) -> list[tuple[str, float | None, float]]:
+    """(what, speed-up = peer ms / our ms, target) for each target of issue 7; the default
+    (autotuned) kernels first, then the opt-in TMA variants against the same targets."""
+    out = []
+    fwd_peers = (
+        ("torch F.linear (cuBLAS, bias fused)", 1.0),
+        ("torch eager F.gelu(F.linear)", 1.1),
+    )
+    ffn_peers = (("torch eager autograd", 1.0), ("torch.compile", 0.9))
+    cases = [
+        ("forward", "triton linear_act gelu", fwd_peers),
+        ("ffn fwd+bwd", "triton FFNFunction (gelu)", ffn_peers),
+        ("forward", "triton linear_act gelu [TMA]", fwd_peers),
+        ("forward", "triton linear_act gelu [TMA, FLATTEN]", fwd_peers),
+        ("ffn fwd+bwd", "triton FFNFunction (gelu) [TMA]", ffn_peers),
+    ]
+    for op, ours, peers in cases:
+        mine = _ms(rows, op, ours)
+        for peer, target in peers:
+            theirs = _ms(rows, op, peer)
+            ratio = theirs / mine if mine and theirs else None
+            out.append((f"{ours} vs {peer}", ratio, target))
+    return out
+
+
+def table_performance():
+    try:
+        data = _results.load("ffn")
+    except FileNotFoundError:
+        return (
+            '!!! note "Results pending"\n'
+            "    Results pending: run `python -m benchmarks ffn` on a GPU; "
+            "the table and the ratios against the issue's targets appear here from "
+            "`benchmarks/results/ffn.json`."
+        )
+    rows = []
+    for r in data["rows"]:
+        shape = f"{r.get('M')} x {r.get('K')} x {r.get('N')}"
+        if "ms" in r:
+            rows.append([r["op"], r["impl"], shape, f"{r['ms']:.3f}", f"{r['tflops']:.0f}"])
+        else:
+            note = str(r.get("error") or r.get("skipped", "")).replace("|", "/").replace("\n", " ")
+            rows.append([r["op"], r["impl"], shape, note[:80], ""])
+    table = _results.markdown_table(
+        ["operation", "implementation", "M x K x N", "ms (p50)", "TFLOP/s"], rows, "lllrr"
+    )
+    lines = [table, "", _results.provenance(data["meta"]), ""]
+    if data["meta"].get("quick"):
+        lines += [
+            "A quick smoke run (smaller shapes, one fixed config): not the targets' shape.",
+            "",
+        ]
+    for what, ratio, target in ratios(data["rows"]):
+        got = "not measured" if ratio is None else f"{ratio:.2f}x"
+        lines.append(f"- {what}: **{got}** (target at least {target}x)")
+    return "\n".join(lines)

@@ -1,0 +1,495 @@
+"""Fused linear layers (Triton) against float64 references; the NumPy reference against the math.
+
+Tolerances: relative Frobenius-norm error <= 10 u of the dtype the kernel rounds to (fp32 inputs go
+through tf32 in tl.dot on the GPU, so fp32 uses u_tf32; the interpreter computes them exactly).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+
+from kernelnotes._testing import UNIT_ROUNDOFF, dtype_name, poison_, rel_err
+from kernelnotes.ffn import reference as ref
+from tests._machine import DEVICE, ON_GPU, size
+
+ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+TORCH_ACT = {
+    "none": lambda z: z,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+    "silu": F.silu,
+}
+# A fixed config on the GPU (tests do not autotune); the launcher's interpreter default on the CPU.
+# BLOCK_K 32 keeps three fp32 stages in shared memory (96 KB).
+CONFIG = (
+    triton.Config(
+        {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=3
+    )
+    if ON_GPU
+    else None
+)
+# Sizes that divide no block size (the interpreter's 16, the GPU's 64/128/256).
+M, K, N = size(37, 1000), size(45, 777), size(53, 1030)
+
+
+def tol(dtype) -> float:
+    u = UNIT_ROUNDOFF["tf32" if dtype == torch.float32 else dtype_name(dtype)]
+    return 10 * u
+
+
+def rand(*shape, dtype, scale=1.0, seed=0, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    t = (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype).to(DEVICE)
+    return t.requires_grad_(requires_grad)
+
+
+def f64(*ts):
+    return [t.detach().double().cpu().requires_grad_() for t in ts]
+
+
+def kernel():
+    from kernelnotes.ffn import kernel as k
+
+    return k
+
+
+# ----------------------------------------------------------------------------------- forward
+@pytest.mark.parametrize(
+    ("act", "dtype"),
+    [(a, torch.bfloat16) for a in ACTS]
+    + [
+        ("none", torch.float16),
+        ("gelu", torch.float16),
+        ("relu", torch.float32),
+        ("silu", torch.float32),
+    ],
+    ids=lambda p: p if isinstance(p, str) else dtype_name(p),
+)
+def test_linear_act_forward_matches_float64(act, dtype):
+    k = kernel()
+    x, W, b = (
+        rand(M, K, dtype=dtype, seed=1),
+        rand(N, K, dtype=dtype, scale=K**-0.5, seed=2),
+        rand(N, dtype=dtype, seed=3),
+    )
+    y, z = k.linear_act_forward(x, W, b, act, store_z=True, config=CONFIG)
+    xd, Wd, bd = f64(x, W, b)
+    zr = xd @ Wd.T + bd
+    assert y.dtype == dtype and y.shape == (M, N)
+    assert rel_err(z, zr) <= tol(dtype)
+    assert rel_err(y, TORCH_ACT[act](zr)) <= tol(dtype)
+
+
+def test_every_output_element_is_written():
+    """NaN-poisoned outputs: the masked (M, N, K not multiples of the tile) and unmasked paths."""
+    k = kernel()
+    for m, kk, n in ((M, K, N), (size(64, 1024), size(64, 1024), size(96, 2048))):  # masked, EVEN
+        x, W, b = (
+            rand(m, kk, dtype=torch.float16),
+            rand(n, kk, dtype=torch.float16, scale=0.1),
+            rand(n, dtype=torch.float16),
+        )
+        y, z = poison_(x.new_empty(m, n)), poison_(x.new_empty(m, n))
+        k._matmul(x, W.t(), y, bias=b, z=z, act=2, store_z=True, config=CONFIG)
+        assert not y.isnan().any() and not z.isnan().any()
+        dz = poison_(x.new_empty(m, n))
+        db = torch.zeros(n, device=DEVICE, dtype=torch.float32)
+        k._matmul(x, W.t(), dz, z=z, db=db, act=2, grad_act=True, config=CONFIG)
+        assert not dz.isnan().any()
+        ref_dz = (x.double() @ W.double().T) * torch.from_numpy(
+            ref.activation_grad(z.double().cpu().numpy(), "gelu")
+        ).to(DEVICE)
+        assert rel_err(dz, ref_dz) <= tol(torch.float16)
+        assert rel_err(db, ref_dz.sum(0)) <= tol(torch.float16)
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_activation_epilogue_on_edge_values():
+    """x = 0 and W = 0 make y = sigma(b): the epilogue alone, on 0, tiny, moderate and huge z."""
+    k = kernel()
+    zs = torch.tensor(
+        [
+            0.0,
+            1e-30,
+            -1e-30,
+            1e-3,
+            -1e-3,
+            0.5,
+            -0.5,
+            3.0,
+            -3.0,
+            30.0,
+            -30.0,
+            88.0,
+            -88.0,
+            1e30,
+            -1e30,
+            3e38,
+            -3e38,
+        ],
+        dtype=torch.float64,
+    )
+    b = zs.to(torch.float32).to(DEVICE)
+    x = torch.zeros(3, 8, device=DEVICE)
+    W = torch.zeros(len(zs), 8, device=DEVICE)
+    dy = torch.ones(3, len(zs), device=DEVICE)
+    z = b.expand(3, -1).contiguous()
+    for act in ACTS:
+        y, _ = k.linear_act_forward(x, W, b, act, config=CONFIG)
+        want = torch.from_numpy(ref.activation(b.double().cpu().numpy(), act))
+        d, _ = k.act_backward(dy, z, act)
+        dwant = torch.from_numpy(ref.activation_grad(b.double().cpu().numpy(), act))
+        for got, exp in ((y[0], want), (d[0], dwant)):
+            got = got.double().cpu()
+            assert torch.isfinite(got).all(), (act, got)
+            assert torch.allclose(got, exp, rtol=1e-5, atol=1e-30), (act, got, exp)
+    assert k.act_backward(dy, z, "relu")[0][0, 0].item() == 0.0  # relu'(0) = 0, as torch
+
+
+def test_the_gpu_configs_on_even_and_uneven_shapes():
+    """Each config the GPU autotunes over, the fp32 and FLATTEN ones, with and without masks."""
+    k = kernel()
+    first = k.MATMUL_CONFIGS[0]
+    flat = triton.Config(
+        {**first.kwargs, "FLATTEN": True}, num_warps=first.num_warps, num_stages=first.num_stages
+    )
+    cases = [(cfg, torch.bfloat16) for cfg in (*k.MATMUL_CONFIGS, flat)] + [
+        (k.FP32_CONFIG, torch.float32)
+    ]
+    for cfg, dtype in cases:
+        bm, bn, bk = (cfg.kwargs[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+        for m, n, kk in ((bm, 2 * bn, bk), (bm + 5, bn + 3, bk + 7)):
+            x, W, b = (
+                rand(m, kk, dtype=dtype, seed=1),
+                rand(n, kk, dtype=dtype, scale=0.1, seed=2),
+                rand(n, dtype=dtype),
+            )
+            y, z = k.linear_act_forward(x, W, b, "silu", store_z=True, config=cfg)
+            zr = x.double() @ W.double().T + b.double()
+            assert rel_err(z, zr) <= tol(dtype) and rel_err(y, F.silu(zr)) <= tol(dtype)
+    cfg = k.SWIGLU_CONFIGS[0]
+    x, W = (
+        rand(cfg.kwargs["BLOCK_M"] + 5, 70, dtype=torch.bfloat16),
+        rand(2 * cfg.kwargs["BLOCK_N"] + 6, 70, dtype=torch.bfloat16),
+    )
+    zr = x.double() @ W.double().T
+    H = W.shape[0] // 2
+    assert rel_err(k.linear_swiglu(x, W, config=cfg), F.silu(zr[:, :H]) * zr[:, H:]) <= tol(
+        torch.bfloat16
+    )
+
+
+@pytest.mark.parametrize("flatten", [False, True])
+def test_tma_kernel_forward_and_backward(flatten):
+    """The opt-in TMA kernel (config kwarg TMA=True) on every operand layout of the FFN."""
+    k = kernel()
+    base = k.MATMUL_CONFIGS[0] if ON_GPU else k.INTERPRETER_CONFIG
+    cfg = triton.Config(
+        {**base.kwargs, "TMA": True, "FLATTEN": flatten},
+        num_warps=base.num_warps,
+        num_stages=base.num_stages,
+    )
+    m, d, h, o = (
+        size(37, 1000),
+        size(48, 776),
+        size(40, 1504),
+        size(56, 1032),
+    )  # rows 16-byte aligned
+    x = rand(m, d, dtype=torch.bfloat16, seed=1, requires_grad=True)
+    w1 = rand(h, d, dtype=torch.bfloat16, scale=d**-0.5, seed=2, requires_grad=True)
+    b1 = rand(h, dtype=torch.bfloat16, seed=3, requires_grad=True)
+    w2 = rand(o, h, dtype=torch.bfloat16, scale=h**-0.5, seed=4, requires_grad=True)
+    b2 = rand(o, dtype=torch.bfloat16, seed=5, requires_grad=True)
+    for a, b in ((x, w1.t()), (x.t(), x), (x, w1)):  # forward, dW, dX layouts all qualify
+        assert k._tma_operands(a.detach(), b.detach(), cfg.kwargs) is not None
+    dy = rand(m, o, dtype=torch.bfloat16, seed=6)
+    y = k.ffn(x, w1, b1, w2, b2, "gelu", config=cfg)
+    y.backward(dy)
+    ps = (x, w1, b1, w2, b2)
+    ds = f64(*ps)
+    yr = F.linear(F.gelu(F.linear(ds[0], ds[1], ds[2])), ds[3], ds[4])
+    yr.backward(dy.double().cpu())
+    assert rel_err(y, yr) <= tol(torch.bfloat16)
+    for p, dp in zip(ps, ds, strict=True):
+        assert rel_err(p.grad, dp.grad) <= 2 * tol(torch.bfloat16), p.shape
+
+
+def test_non_contiguous_inputs():
+    """x and W are read through their strides: transposed views need no copy."""
+    k = kernel()
+    x = rand(K, M, dtype=torch.bfloat16, seed=1).t()  # [M, K], column-major
+    W = rand(K, N, dtype=torch.bfloat16, scale=K**-0.5, seed=2).t()  # [N, K], column-major
+    assert not x.is_contiguous() and not W.is_contiguous()
+    y = k.linear_act(x, W, None, "gelu", config=CONFIG)
+    assert rel_err(y, F.gelu(x.double() @ W.double().T)) <= tol(torch.bfloat16)
+
+
+def test_empty_batch():
+    k = kernel()
+    x, W = rand(0, K, dtype=torch.float16), rand(N, K, dtype=torch.float16)
+    y = k.linear_act(x, W, None, "relu", config=CONFIG)
+    assert y.shape == (0, N)
+
+
+# ---------------------------------------------------------------------------------- backward
+@pytest.mark.parametrize(
+    ("act", "dtype"),
+    [(a, torch.bfloat16) for a in ACTS] + [("gelu", torch.float16), ("gelu", torch.float32)],
+    ids=lambda p: p if isinstance(p, str) else dtype_name(p),
+)
+def test_linear_act_backward_matches_float64(act, dtype):
+    k = kernel()
+    x = rand(M, K, dtype=dtype, seed=1, requires_grad=True)
+    W = rand(N, K, dtype=dtype, scale=K**-0.5, seed=2, requires_grad=True)
+    b = rand(N, dtype=dtype, seed=3, requires_grad=True)
+    dy = rand(M, N, dtype=dtype, seed=4)
+    k.linear_act(x, W, b, act, config=CONFIG).backward(dy)
+    xd, Wd, bd = f64(x, W, b)
+    TORCH_ACT[act](xd @ Wd.T + bd).backward(dy.double().cpu())
+    for got, want in ((x.grad, xd.grad), (W.grad, Wd.grad), (b.grad, bd.grad)):
+        assert got.dtype == dtype
+        assert rel_err(got, want) <= tol(dtype)
+
+
+@pytest.mark.parametrize(
+    ("act", "dtype"),
+    [("gelu", torch.bfloat16), ("relu", torch.float16), ("silu", torch.float32)],
+    ids=str,
+)
+def test_two_layer_ffn_forward_backward(act, dtype):
+    """FFNFunction: sigma'(Z1) fused into dA1 = dY W2, db1 summed in the same epilogue."""
+    k = kernel()
+    H = size(29, 1500)
+    x = rand(M, K, dtype=dtype, seed=1, requires_grad=True)
+    w1 = rand(H, K, dtype=dtype, scale=K**-0.5, seed=2, requires_grad=True)
+    b1 = rand(H, dtype=dtype, seed=3, requires_grad=True)
+    w2 = rand(N, H, dtype=dtype, scale=H**-0.5, seed=4, requires_grad=True)
+    b2 = rand(N, dtype=dtype, seed=5, requires_grad=True)
+    dy = rand(M, N, dtype=dtype, seed=6)
+    y = k.ffn(x, w1, b1, w2, b2, act, config=CONFIG)
+    y.backward(dy)
+    ps = (x, w1, b1, w2, b2)
+    ds = f64(*ps)
+    yr = F.linear(TORCH_ACT[act](F.linear(ds[0], ds[1], ds[2])), ds[3], ds[4])
+    yr.backward(dy.double().cpu())
+    assert rel_err(y, yr) <= tol(dtype)
+    # dW1 and db1 go through two roundings (a1 or dZ1 to the dtype, then the product): 2x
+    for p, d in zip(ps, ds, strict=True):
+        assert rel_err(p.grad, d.grad) <= 2 * tol(dtype), p.shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_swiglu_forward_backward(dtype):
+    k = kernel()
+    H = size(29, 700)
+    x = rand(M, K, dtype=dtype, seed=1, requires_grad=True)
+    W = rand(2 * H, K, dtype=dtype, scale=K**-0.5, seed=2, requires_grad=True)
+    b = rand(2 * H, dtype=dtype, seed=3, requires_grad=True)
+    dh = rand(M, H, dtype=dtype, seed=4)
+    h = k.linear_swiglu(x, W, b, config=CONFIG)
+    h.backward(dh)
+    xd, Wd, bd = f64(x, W, b)
+    z = F.linear(xd, Wd, bd)
+    hr = F.silu(z[:, :H]) * z[:, H:]
+    hr.backward(dh.double().cpu())
+    assert rel_err(h, hr) <= tol(dtype)
+    for got, want in ((x.grad, xd.grad), (W.grad, Wd.grad), (b.grad, bd.grad)):
+        assert rel_err(got, want) <= 2 * tol(dtype)  # dZ rounded to the dtype, then a product
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_feedforward_module(gated):
+    k = kernel()
+    d, h = size(24, 1024), size(40, 2816)
+    torch.manual_seed(0)
+    mod = k.FeedForward(
+        d, h, "gelu_tanh", gated=gated, config=CONFIG, device=DEVICE, dtype=torch.float32
+    )
+    n_params = sum(p.numel() for p in mod.parameters())
+    assert n_params == (3 * d * h + 2 * h + d if gated else ref.param_count([d, h, d]))
+    x = rand(2, size(9, 300), d, dtype=torch.float32, requires_grad=True)
+    y = mod(x)
+    assert y.shape == x.shape
+    y.square().sum().backward()
+    # the same module in float64 eager torch
+    xd = x.detach().double().cpu().requires_grad_()
+    P = {n: p.detach().double().cpu().requires_grad_() for n, p in mod.named_parameters()}
+    if gated:
+        z = F.linear(xd, P["w_gate_up"], P["b_gate_up"])
+        yr = F.linear(F.silu(z[..., :h]) * z[..., h:], P["w2"], P["b2"])
+    else:
+        yr = F.linear(F.gelu(F.linear(xd, P["w1"], P["b1"]), approximate="tanh"), P["w2"], P["b2"])
+    yr.square().sum().backward()
+    assert rel_err(y, yr) <= tol(torch.float32)
+    assert rel_err(x.grad, xd.grad) <= 2 * tol(torch.float32)
+    for n, p in mod.named_parameters():
+        assert rel_err(p.grad, P[n].grad) <= 2 * tol(torch.float32), n
+
+
+def test_kernel_gradients_against_central_differences():
+    """fp32 kernel gradients against float64 central differences of the NumPy reference."""
+    k = kernel()
+    rng = np.random.default_rng(7)
+    B, d, h, o = 6, 5, 7, 3
+    X, Y = rng.standard_normal((B, d)), rng.standard_normal((B, o))
+    layers = [
+        (rng.standard_normal((h, d)) / 2, rng.standard_normal(h) / 2),
+        (rng.standard_normal((o, h)) / 2, rng.standard_normal(o) / 2),
+    ]
+    params = [X] + [p for layer in layers for p in layer]
+
+    def loss():
+        return ref.mse_loss(ref.ffn_forward(X, layers, "silu")[0], Y)[0]
+
+    numeric = ref.grad_check(loss, params)
+    ts = [torch.tensor(p, dtype=torch.float32, device=DEVICE, requires_grad=True) for p in params]
+    y = k.ffn(*ts, "silu", config=CONFIG)
+    (0.5 * (y - torch.tensor(Y, dtype=torch.float32, device=DEVICE)).square().sum() / B).backward()
+    for t, g in zip(ts, numeric, strict=True):
+        assert rel_err(t.grad, g) <= tol(torch.float32)
+
+
+# ------------------------------------------------------------------------------------- refusals
+def test_refusals():
+    k = kernel()
+    x, W = rand(8, 16, dtype=torch.bfloat16), rand(4, 16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        k.linear_act(x.to(torch.int32), W)
+    with pytest.raises(TypeError, match="weight must have dtype"):
+        k.linear_act(x, W.half())
+    with pytest.raises(ValueError, match="weight must be \\[N, K\\] with K = 16"):
+        k.linear_act(x, W[:, :8])
+    with pytest.raises(ValueError, match="x must have 2 dimensions"):
+        k.linear_act(x[0], W)
+    with pytest.raises(ValueError, match="bias has shape \\(5,\\), expected \\(4,\\)"):
+        k.linear_act(x, W, rand(5, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="bias must have dtype"):
+        k.linear_act(x, W, rand(4, dtype=torch.float32))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        k.linear_act(x, W, None, "tanh")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        k.FeedForward(16, 32, "swish")
+    with pytest.raises(ValueError, match="even number of rows"):
+        k.linear_swiglu(x, rand(5, 16, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="config must be a triton.Config"):
+        k.linear_act(x, W, config={"BLOCK_M": 16})
+    with pytest.raises(ValueError, match="config is missing GROUP_M"):
+        k.linear_act(x, W, config=triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}))
+    with pytest.raises(ValueError, match="z has shape"):
+        k.act_backward(rand(8, 4, dtype=torch.bfloat16), rand(8, 5, dtype=torch.bfloat16), "gelu")
+    other = "cpu" if ON_GPU else "meta"
+    with pytest.raises(ValueError, match="x is on"):
+        k.linear_act(x.to(other), W.to(other))
+
+
+# ---------------------------------------------------------------------------- the math itself
+@pytest.mark.parametrize("act", ref.ACTIVATIONS)
+def test_reference_backward_against_central_differences(act):
+    rng = np.random.default_rng(3)
+    widths = [4, 6, 5, 2]  # three layers
+    X, Y = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+    layers = [
+        (rng.standard_normal((o, i)), rng.standard_normal(o))
+        for i, o in zip(widths[:-1], widths[1:], strict=True)
+    ]
+
+    def loss():
+        return ref.mse_loss(ref.ffn_forward(X, layers, act)[0], Y)[0]
+
+    y_hat, cache = ref.ffn_forward(X, layers, act)
+    grads, dX = ref.ffn_backward(ref.mse_loss(y_hat, Y)[1], layers, cache, act)
+    numeric = ref.grad_check(loss, [X] + [p for layer in layers for p in layer])
+    analytic = [dX] + [g for pair in grads for g in pair]
+    for a, n in zip(analytic, numeric, strict=True):
+        assert rel_err(a, n) <= 1e-7
+
+
+def test_activation_derivatives_against_central_differences():
+    z = np.linspace(-6, 6, 1001) + 1e-3  # avoid relu's kink at 0
+    for act in ref.ACTIVATIONS:
+        eps = 1e-6
+        num = (ref.activation(z + eps, act) - ref.activation(z - eps, act)) / (2 * eps)
+        assert np.max(np.abs(num - ref.activation_grad(z, act))) < 1e-8, act
+
+
+def test_xor_and_training():
+    y, _ = ref.ffn_forward(ref.XOR_X, ref.xor_layers(), "relu")
+    assert np.array_equal(y, ref.XOR_Y)
+    layers, losses = ref.train(
+        ref.XOR_X, ref.XOR_Y, [2, 4, 1], act="tanh", lr=0.5, steps=2000, seed=0
+    )
+    pred = ref.ffn_forward(ref.XOR_X, layers, "tanh")[0]
+    assert np.array_equal(pred > 0.5, ref.XOR_Y > 0.5)
+    assert losses[-1] < 1e-3 * losses[0]
+
+
+def test_linear_layers_collapse():
+    rng = np.random.default_rng(0)
+    layers = [
+        (rng.standard_normal((o, i)), rng.standard_normal(o)) for i, o in ((5, 8), (8, 3), (3, 6))
+    ]
+    X = rng.standard_normal((10, 5))
+    y, _ = ref.ffn_forward(X, layers, "none")
+    (W1, b1), (W2, b2), (W3, b3) = layers
+    W, b = W3 @ W2 @ W1, W3 @ (W2 @ b1 + b2) + b3
+    assert np.allclose(y, X @ W.T + b, rtol=1e-12, atol=1e-12)
+    assert np.linalg.matrix_rank(W) == 3  # the narrowest layer bounds the rank
+
+
+def test_relu_fit_error_falls_as_h_to_the_minus_2():
+    f = lambda x: np.sin(2 * np.pi * x)  # noqa: E731
+    x = np.linspace(0, 1, 4001)[:, None]
+    hs = np.array([8, 16, 32, 64])
+    errs = [
+        np.max(np.abs(ref.ffn_forward(x, ref.relu_fit(f, h), "relu")[0][:, 0] - f(x[:, 0])))
+        for h in hs
+    ]
+    slope = np.polyfit(np.log(hs), np.log(errs), 1)[0]
+    assert -2.2 < slope < -1.8
+
+
+def test_counts():
+    assert ref.param_count([784, 512, 10]) == 784 * 512 + 512 + 512 * 10 + 10
+    fwd, bwd = ref.matmul_flops(32, [8, 16, 4], input_grad=True)
+    assert bwd == 2 * fwd
+    d = 4096
+    assert math.isclose(3 * d * (8 * d / 3), 2 * d * (4 * d))  # SwiGLU at h = 8d/3 keeps 8 d^2
+
+
+# ------------------------------------------------------------------------------- GPU, full size
+@pytest.mark.gpu
+def test_full_size_gelu_autotuned():
+    """The issue's shape through the autotuned path (config=None) against cuBLAS + torch gelu."""
+    k = kernel()
+    x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
+    W = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16) / 64
+    b = torch.randn(16384, device="cuda", dtype=torch.bfloat16)
+    y = k.linear_act(x, W, b, "gelu")
+    yr = F.gelu(F.linear(x.double(), W.double(), b.double()))
+    assert rel_err(y, yr) <= tol(torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_ffn_autotuned_bias_gradient_is_not_accumulated_twice():
+    """Autotuning runs the db-accumulating kernel several times; db must still be right."""
+    k = kernel()
+    x = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    mod = k.FeedForward(1024, 4096, "gelu", device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        for p in mod.parameters():
+            p.grad = None
+        mod(x).float().square().sum().backward()
+        P = {n: p.detach().double().requires_grad_() for n, p in mod.named_parameters()}
+        F.linear(
+            F.gelu(F.linear(x.detach().double(), P["w1"], P["b1"])), P["w2"], P["b2"]
+        ).square().sum().backward()
+        for n, p in mod.named_parameters():
+            assert rel_err(p.grad, P[n].grad) <= 2 * tol(torch.bfloat16), n
