@@ -1,0 +1,421 @@
+"""LU, QR and least squares: the NumPy references against float64 LAPACK, the Triton kernels against both.
+
+Error measures are the backward errors the post bounds: ||P A - L U|| / ||A||, ||Q R - A|| / ||A||,
+||Q^T Q - I||, each within a small multiple of n u (u = fp32 unit roundoff for the kernels), and
+least-squares solutions within the conditioning bound of the float64 solution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernelnotes._testing import UNIT_ROUNDOFF, poison_, rel_err
+from kernelnotes.linalg import reference as ref
+from tests._machine import DEVICE, ON_GPU, size
+
+U32 = UNIT_ROUNDOFF["float32"]
+U64 = UNIT_ROUNDOFF["float64"]
+
+
+def _kernel():
+    from kernelnotes.linalg import kernel
+
+    return kernel
+
+
+def _config():
+    """A fixed launch configuration: autotuning under the interpreter would only cost time."""
+    import triton
+
+    return None if ON_GPU else triton.Config({}, num_warps=1)
+
+
+def _with_cond(rng, m: int, n: int, cond: float) -> np.ndarray:
+    """A random m x n matrix with singular values spread geometrically from 1 down to 1/cond."""
+    U, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    return (U * np.geomspace(1.0, 1.0 / cond, n)) @ V.T
+
+
+def _perm_rows(A: torch.Tensor, piv: torch.Tensor) -> torch.Tensor:
+    """P A (float64) from 1-based sequential pivots, by swaps replayed in torch, not by the kernel."""
+    n = A.shape[-1]
+    a = A.double().reshape(-1, n, n)
+    perm = _row_order(piv.reshape(-1, n))
+    return torch.gather(a, 1, perm[..., None].expand(-1, -1, n)).reshape(A.shape)
+
+
+def _unpack(LU: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n = LU.shape[-1]
+    L = torch.tril(LU.double(), -1) + torch.eye(n, dtype=torch.float64, device=LU.device)
+    return L, torch.triu(LU.double())
+
+
+# ---------------------------------------------------------------------------------------------
+# NumPy references (float64)
+
+@pytest.mark.parametrize("n", [1, 2, 7, 20])
+def test_reference_lu(n):
+    rng = np.random.default_rng(n)
+    A = rng.standard_normal((n, n))
+    L, U = ref.lu_nopivot(A)
+    assert np.allclose(np.tril(L), L) and np.allclose(np.triu(U), U) and np.all(np.diag(L) == 1)
+    assert rel_err(L @ U, A) < 100 * n * U64 * np.linalg.cond(A)  # no pivoting: no better bound
+    LU, piv = ref.lu_factor(A)
+    P = ref.permutation(piv)
+    Lp, Up = np.tril(LU, -1) + np.eye(n), np.triu(LU)
+    assert rel_err(Lp @ Up, A[P]) < 10 * n * U64
+    assert np.abs(np.tril(LU, -1)).max(initial=0.0) <= 1.0  # partial pivoting: |m_ik| <= 1
+    lu_t, piv_t = torch.linalg.lu_factor(torch.from_numpy(A))  # LAPACK dgetrf, independent
+    assert np.array_equal(piv + 1, piv_t.numpy())
+    assert rel_err(LU, lu_t) < 10 * n * U64 * np.linalg.cond(A)
+
+
+def test_reference_triangular_and_lu_solve():
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((9, 9))
+    b = rng.standard_normal((9, 3))
+    L = np.tril(A) + 9 * np.eye(9)
+    assert rel_err(ref.forward_substitution(L, b, unit=False), np.linalg.solve(L, b)) < 100 * U64
+    assert rel_err(ref.back_substitution(L.T, b), np.linalg.solve(L.T, b)) < 100 * U64
+    LU, piv = ref.lu_factor(A)
+    x = ref.lu_solve(LU, piv, b)
+    assert rel_err(x, np.linalg.solve(A, b)) < 100 * 9 * U64 * np.linalg.cond(A)
+
+
+@pytest.mark.parametrize("shape", [(6, 6), (12, 5), (40, 13)])
+def test_reference_qr(shape):
+    rng = np.random.default_rng(sum(shape))
+    A = rng.standard_normal(shape)
+    m, n = shape
+    for method in (ref.cgs, ref.mgs):
+        Q, R = method(A)
+        assert rel_err(Q @ R, A) < 10 * n * U64 and np.allclose(np.triu(R), R)
+    V, R = ref.householder_qr(A)
+    Q = ref.form_q(V)
+    assert rel_err(Q @ R, A) < 10 * n * U64
+    assert np.linalg.norm(Q.T @ Q - np.eye(n)) < 10 * n * U64
+    vtv = np.sum(V * V, axis=0)
+    assert np.all((np.abs(vtv - 2.0) < 1e-12) | (vtv == 0.0))  # v^T v = 2, or H = I (v = 0)
+    assert rel_err(ref.apply_qt(V, A)[:n], R) < 10 * n * U64  # Q^T A = [R; 0]
+    assert np.linalg.norm(ref.apply_qt(V, A)[n:]) < 10 * n * U64 * np.linalg.norm(A)
+    Q_full = ref.apply_q(V, np.eye(m))  # H_1 ... H_p I: the full m x m Q
+    assert rel_err(Q_full[:, :n], Q) < 10 * m * U64
+    assert np.linalg.norm(Q_full.T @ Q_full - np.eye(m)) < 10 * m * U64
+    C = rng.standard_normal((m, 2))
+    assert rel_err(ref.apply_q(V, C), Q_full @ C) < 10 * m * U64
+    assert rel_err(ref.apply_q(V, ref.apply_qt(V, C)), C) < 10 * m * U64  # Q Q^T = I
+    R_lapack = np.linalg.qr(A, mode="r")  # same sign convention, R_kk = -sign(a_kk) ||x||
+    assert rel_err(R, R_lapack) < 10 * n * U64 * np.linalg.cond(A)
+    for nb in (1, 2, 3, n):
+        Vb, Rb = ref.blocked_qr(A, nb)
+        assert rel_err(Rb, R) < 10 * n * U64 and rel_err(Vb, V) < 10 * n * U64
+
+
+def test_reference_householder_vector_signs_and_zero():
+    for x in ([3.0, 1.0, 2.0], [-3.0, 1.0, 2.0], [0.0, 1.0, -2.0]):
+        x = np.array(x)
+        v, beta = ref.householder_vector(x)
+        Hx = x - v * (v @ x)
+        assert abs(beta) == pytest.approx(np.linalg.norm(x)) and np.sign(beta) != np.sign(x[0] or 1)
+        assert np.allclose(Hx, beta * np.eye(len(x))[0], atol=1e-14)
+    for x in ([-5.0], [0.0, 0.0, 0.0], [2.0, 0.0]):  # nothing to zero: H = I, beta = x_1
+        v, beta = ref.householder_vector(np.array(x))
+        assert np.all(v == 0) and beta == x[0]
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_reference_wy(k):
+    rng = np.random.default_rng(k)
+    V, _ = ref.householder_qr(rng.standard_normal((8, k)))
+    W, Y = ref.wy(V)
+    H = np.eye(8)
+    for j in range(k):
+        H = H @ (np.eye(8) - np.outer(V[:, j], V[:, j]))
+    assert np.linalg.norm(np.eye(8) + W @ Y.T - H) < 100 * U64
+    if k == 2:  # the post's identity: W_2 = [-v_1, -v_2 + t v_1], t = v_1^T v_2
+        t = V[:, 0] @ V[:, 1]
+        assert np.allclose(W, np.column_stack([-V[:, 0], -V[:, 1] + t * V[:, 0]]), atol=1e-15)
+
+
+def test_regression_helpers():
+    from kernelnotes.linalg import regression as reg
+
+    x, y = reg.line_data()
+    X = reg.design_matrix(x)
+    theta = reg.fit_qr(X, y)
+    assert rel_err(theta, np.linalg.lstsq(X, y, rcond=None)[0]) < 100 * U64
+    assert rel_err(reg.fit_normal(X, y), theta) < 100 * U64 * np.linalg.cond(X) ** 2
+    assert rel_err(reg.fit_centered(x, y), theta) < 100 * U64 * np.linalg.cond(X)
+    assert np.linalg.norm(reg.gradient(X, theta, y)) < 1e-10 * np.linalg.norm(X.T @ y)
+    rng = np.random.default_rng(0)
+    Xi = rng.standard_normal((50, 3))
+    W0, b0 = rng.standard_normal((2, 3)), rng.standard_normal(2)
+    W, b = reg.fit_linear_layer(Xi, Xi @ W0.T + b0)  # exact data: exact recovery
+    assert rel_err(W, W0) < 100 * U64 and rel_err(b, b0) < 100 * U64
+
+
+def test_gram_schmidt_orthogonality_scales_with_condition():
+    """||Q^T Q - I||: CGS grows like u cond^2, MGS like u cond, Householder stays at u."""
+    rng = np.random.default_rng(7)
+    A = _with_cond(rng, 60, 12, 1e6)
+    loss = {}
+    for name, method in (("cgs", ref.cgs), ("mgs", ref.mgs)):
+        Q, _ = method(A)
+        loss[name] = np.linalg.norm(Q.T @ Q - np.eye(12), 2)
+    loss["hh"] = np.linalg.norm(ref.form_q(ref.householder_qr(A)[0]).T
+                                @ ref.form_q(ref.householder_qr(A)[0]) - np.eye(12), 2)
+    assert loss["hh"] < 100 * U64
+    assert 1e-2 * U64 * 1e6 < loss["mgs"] < 1e2 * U64 * 1e6
+    assert loss["cgs"] > 1e-2 * U64 * 1e12 and loss["cgs"] > 1e3 * loss["mgs"]
+
+
+def test_reference_lstsq_normal_equations_lose_twice_the_digits():
+    rng = np.random.default_rng(3)
+    cond = 1e6
+    A = _with_cond(rng, 50, 8, cond)
+    x_true = rng.standard_normal(8)
+    b = A @ x_true  # consistent: the QR error is then about u cond, the normal equations' u cond^2
+    err_qr = rel_err(ref.lstsq_qr(A, b), x_true)
+    err_ne = rel_err(ref.lstsq_normal(A, b), x_true)
+    assert err_qr < 100 * U64 * cond
+    assert err_ne > 1e3 * err_qr
+    assert rel_err(ref.lstsq_qr(A, b), np.linalg.lstsq(A, b, rcond=None)[0]) < 100 * U64 * cond
+
+
+def test_growth_factor_wilkinson():
+    """Partial pivoting on the classic worst case: U_nn = 2^(n-1), exact in fp64, and the solve fails."""
+    n = 60
+    A = ref.wilkinson_growth_matrix(n)
+    LU, piv = ref.lu_factor(A)
+    assert np.array_equal(piv, np.arange(n))  # no row exchange ever happens
+    assert ref.growth_factor(A, LU) == 2.0 ** (n - 1) and np.isfinite(LU).all()
+    x_true = np.random.default_rng(0).standard_normal(n)
+    b = A @ x_true
+    assert rel_err(ref.lu_solve(LU, piv, b), x_true) > 0.1  # digits all gone ...
+    assert rel_err(ref.lstsq_qr(A, b), x_true) < 100 * U64 * np.linalg.cond(A)  # ... QR is fine
+
+
+def test_flop_counts_match_formulas():
+    for n in (1, 2, 10, 100):
+        assert 6 * ref.lu_flops(n) == 4 * n**3 - 3 * n**2 - n  # 2/3 n^3 - 1/2 n^2 - 1/6 n exactly
+    for m, n in ((100, 100), (400, 100), (2000, 100)):
+        h = ref.householder_flops(m, n)
+        assert abs(h / (2 * m * n**2 - 2 * n**3 / 3) - 1) < 5 / n  # lower-order terms only
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels (fp32)
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17])
+def test_lu_factor(n):
+    K = _kernel()
+    batch = size(3, 4096)
+    g = torch.Generator().manual_seed(n)
+    A = torch.randn(batch, n, n, generator=g).to(DEVICE)
+    out = tuple(poison_(t) if t.is_floating_point() else t.fill_(-7) for t in (
+        torch.empty(batch, n, n, device=DEVICE), torch.empty(batch, n, dtype=torch.int32, device=DEVICE),
+        torch.empty(batch, dtype=torch.int32, device=DEVICE)))
+    LU, piv, info = K.lu_factor(A, config=_config(), out=out)
+    assert LU is out[0] and torch.isfinite(LU).all() and (piv >= 1).all() and (info == 0).all()
+    L, U = _unpack(LU)
+    assert rel_err(L @ U, _perm_rows(A, piv)) < 10 * n * U32
+    assert L.abs().max() <= 1.0
+    lu_t, piv_t, _ = torch.linalg.lu_factor_ex(A.cpu().double())
+    assert (piv.cpu() == piv_t).float().mean() > 0.99  # the same pivots but for rare near-ties
+
+
+def test_lu_factor_singular_and_edge_values():
+    K = _kernel()
+    A = torch.randn(4, 4, 4)
+    A[0] = 0.0  # first pivot zero
+    A[1, :, 2] = 0.0  # a zero column: U_33 = 0 exactly
+    A[2] = torch.tensor([[1.0, 2.0, 3.0, 4.0]]).T @ torch.tensor([[1.0, -1.0, 2.0, 0.5]])  # rank 1
+    A[3] = torch.eye(4)
+    LU, piv, info = K.lu_factor(A.to(DEVICE), config=_config())
+    _, piv_t, info_t = torch.linalg.lu_factor_ex(A.double())
+    assert info.cpu().tolist() == info_t.tolist() and info_t[3] == 0 and (info_t[:3] > 0).all()
+    assert torch.isfinite(LU).all()  # a zero pivot leaves its column unscaled, no inf/NaN
+    L, U = _unpack(LU.cpu())
+    assert rel_err(L @ U, _perm_rows(A, piv.cpu())) < 40 * U32
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (17, 3)])
+def test_lu_solve(n, k):
+    K = _kernel()
+    batch = size(3, 4096)
+    g = torch.Generator().manual_seed(100 + n)
+    A = (torch.randn(batch, n, n, generator=g) + n**0.5 * torch.eye(n)).to(DEVICE)
+    B = torch.randn(batch, n, k, generator=g).to(DEVICE)
+    LU, piv, _ = K.lu_factor(A, config=_config())
+    X = K.lu_solve(LU, piv, B, config=_config(), out=poison_(torch.empty(batch, n, k, device=DEVICE)))
+    assert torch.isfinite(X).all()
+    Ad, Xd, Bd = A.double(), X.double(), B.double()
+    backward = ((Ad @ Xd - Bd).flatten(1).norm(dim=1)
+                / (Ad.flatten(1).norm(dim=1) * Xd.flatten(1).norm(dim=1)))
+    assert backward.max() < 10 * n * U32
+    X64 = torch.linalg.solve(Ad.cpu(), Bd.cpu())
+    cond = torch.linalg.cond(Ad.cpu()).max().item()
+    assert rel_err(X, X64) < 10 * n * U32 * cond
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (16, 1), (17, 17), (40, 13), (5, 9)])
+def test_qr(shape):
+    K = _kernel()
+    m, n = shape
+    p = min(m, n)
+    batch = size(3, 2048)
+    g = torch.Generator().manual_seed(m * 100 + n)
+    A = torch.randn(batch, m, n, generator=g).to(DEVICE)
+    Q0, R0 = poison_(torch.empty(batch, m, p, device=DEVICE)), poison_(torch.empty(batch, p, n, device=DEVICE))
+    Q, R = K.qr(A, config=_config(), out=(Q0, R0))
+    assert Q is Q0 and torch.isfinite(Q).all() and torch.isfinite(R).all()
+    assert torch.equal(R, torch.triu(R))
+    Qd, Rd = Q.double(), R.double()
+    assert rel_err(Qd @ Rd, A) < 10 * max(p, 2) * U32
+    eye = torch.eye(p, dtype=torch.float64, device=DEVICE)
+    assert (Qd.mT @ Qd - eye).flatten(1).norm(dim=1).max() < 10 * max(p, 2) * U32
+    R64 = torch.linalg.qr(A.cpu().double()).R  # LAPACK's signs, the same as ours
+    assert rel_err(R, R64) < 10 * p * U32 * torch.linalg.cond(A.cpu().double()).max().item()
+    _, R_only = K.qr(A, mode="r", config=_config())
+    assert torch.equal(R_only, R)
+
+
+def test_qr_rank_deficient_and_zero():
+    K = _kernel()
+    A = torch.randn(3, 12, 6)
+    A[0] = 0.0
+    A[1, :, 4] = A[1, :, 0] - 2 * A[1, :, 1]  # rank 5
+    Q, R = K.qr(A.to(DEVICE), config=_config())
+    assert torch.isfinite(Q).all() and torch.isfinite(R).all()
+    assert R[0].abs().max() == 0 and torch.equal(Q[0].cpu(), torch.eye(12, 6))  # H = I throughout
+    assert rel_err(Q.double() @ R.double(), A) < 60 * U32
+    assert R[1, 4, 4].abs() < 60 * U32 * A[1].norm()  # the dependent column leaves ~u ||A|| behind
+
+
+@pytest.mark.parametrize("cond", [1.0, 1e3])
+def test_lstsq(cond):
+    K = _kernel()
+    m, n, k = 40, 13, 2
+    batch = size(3, 4096)
+    rng = np.random.default_rng(int(cond))
+    A64 = np.stack([_with_cond(rng, m, n, cond) for _ in range(batch)])
+    B64 = A64 @ rng.standard_normal((batch, n, k)) + 1e-3 * rng.standard_normal((batch, m, k))
+    A = torch.from_numpy(A64).float().to(DEVICE)
+    B = torch.from_numpy(B64).float().to(DEVICE)
+    X0 = poison_(torch.empty(batch, n, k, device=DEVICE))
+    X, info = K.lstsq(A, B, config=_config(), out=(X0, torch.full((batch,), -1, dtype=torch.int32,
+                                                                    device=DEVICE)))
+    assert (info == 0).all() and torch.isfinite(X).all()
+    # the fp32-rounded problem, solved in float64, is the reference
+    Ad, Bd = A.double().cpu(), B.double().cpu()
+    X64 = torch.linalg.lstsq(Ad, Bd, driver="gelsd").solution
+    assert rel_err(X, X64) < _wedin_bound(Ad, Bd, X64, cond)
+
+
+def test_lstsq_rank_deficient_reports_info():
+    K = _kernel()
+    A = torch.randn(3, 20, 5)
+    A[1, :, 3] = 2 * A[1, :, 1]  # exactly dependent (2x is exact in fp32)
+    A[2] = 0.0
+    B = torch.randn(3, 20, 1)
+    X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), config=_config())
+    assert info.cpu().tolist() == [0, 4, 1]
+    assert torch.isfinite(X[0]).all() and torch.isnan(X[1:]).all()  # never silently wrong
+
+
+def test_batch_elements_are_independent_and_batch_shapes():
+    K = _kernel()
+    A = torch.randn(2, 3, 9, 6)
+    A[0, 1] = float("nan")  # one bad matrix must not leak into its neighbours
+    Q, R = K.qr(A.to(DEVICE), config=_config())
+    assert Q.shape == (2, 3, 9, 6) and R.shape == (2, 3, 6, 6)
+    assert torch.isnan(R[0, 1]).any() and torch.isfinite(R[0, 0]).all() and torch.isfinite(R[1]).all()
+    q1, r1 = K.qr(A[1, 2].to(DEVICE), config=_config())
+    assert torch.equal(r1, R[1, 2]) and torch.equal(q1, Q[1, 2])
+    LU, piv, info = K.lu_factor(torch.empty(0, 5, 5, device=DEVICE), config=_config())
+    assert LU.shape == (0, 5, 5) and piv.shape == (0, 5) and info.shape == (0,)
+
+
+def test_refusals():
+    K = _kernel()
+    A = torch.randn(2, 4, 4, device=DEVICE)
+    with pytest.raises(TypeError, match="A must have dtype in \\(float32\\), got float64"):
+        K.lu_factor(A.double())
+    with pytest.raises(TypeError, match="A must be a torch.Tensor"):
+        K.qr(A.cpu().numpy())
+    with pytest.raises(ValueError, match="A must be square"):
+        K.lu_factor(torch.randn(4, 5, device=DEVICE))
+    with pytest.raises(ValueError, match="1 <= n <= 64, got shape \\(65, 65\\)"):
+        K.lu_factor(torch.randn(65, 65, device=DEVICE))
+    with pytest.raises(ValueError, match="1 <= m <= 256"):
+        K.qr(torch.randn(257, 4, device=DEVICE))
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        K.qr(torch.randn(4, device=DEVICE))
+    with pytest.raises(ValueError, match="mode must be 'reduced' or 'r'"):
+        K.qr(A, mode="complete")
+    with pytest.raises(ValueError, match="A must be tall"):
+        K.lstsq(torch.randn(3, 5, device=DEVICE), torch.randn(3, 1, device=DEVICE))
+    with pytest.raises(ValueError, match="B must be \\[..., 4, k\\]"):
+        K.lstsq(A, torch.randn(2, 5, 1, device=DEVICE))
+    with pytest.raises(TypeError, match="pivots must have dtype in \\(int32\\)"):
+        K.lu_solve(A, torch.ones(2, 4, dtype=torch.int64, device=DEVICE), A)
+    with pytest.raises(ValueError, match="LU must have shape \\(2, 4, 4\\)"):
+        K.lu_factor(A, out=(torch.empty(4, 4, device=DEVICE), torch.empty(2, 4, dtype=torch.int32,
+                                                                           device=DEVICE),
+                            torch.empty(2, dtype=torch.int32, device=DEVICE)))
+
+
+@pytest.mark.gpu
+def test_refuses_cpu_tensors_on_gpu():
+    K = _kernel()
+    with pytest.raises(ValueError, match="compiled Triton kernels need a CUDA tensor"):
+        K.lu_factor(torch.randn(2, 4, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op,shape", [("lu", (4096, 64, 64)), ("qr", (256, 256, 64)),
+                                      ("qr", (65536, 16, 16)), ("lstsq", (65536, 64, 16))])
+def test_full_size_autotuned(op, shape):
+    """The issue's sizes through the autotuned path (config=None)."""
+    K = _kernel()
+    batch, m, n = shape
+    A = torch.randn(batch, m, n, device="cuda", generator=torch.Generator("cuda").manual_seed(m + n))
+    if op == "lu":
+        LU, piv, info = K.lu_factor(A)
+        L, U = _unpack(LU)
+        assert rel_err(L @ U, _perm_rows(A, piv)) < 10 * n * U32 and (info == 0).all()
+    elif op == "qr":
+        Q, R = K.qr(A)
+        assert rel_err(Q.double() @ R.double(), A) < 10 * n * U32
+        eye = torch.eye(n, dtype=torch.float64, device="cuda")
+        assert (Q.double().mT @ Q.double() - eye).flatten(1).norm(dim=1).max() < 10 * n * U32
+    else:
+        B = torch.randn(batch, m, 1, device="cuda")
+        X, info = K.lstsq(A, B)
+        Ad, Bd = A.double(), B.double()
+        X64 = torch.linalg.lstsq(Ad, Bd).solution
+        cond = torch.linalg.cond(Ad).max().item()
+        assert (info == 0).all() and rel_err(X, X64) < _wedin_bound(Ad, Bd, X64, cond)
+
+
+def _wedin_bound(A, B, X, cond: float) -> float:
+    """10 n u (cond + cond^2 ||r|| / (||A|| ||x||)): the forward error a backward-stable least-squares
+    solver may make (Wedin 1973; Higham, Accuracy and Stability, Thm. 20.1), worst batch element."""
+    r = (A @ X - B).flatten(1).norm(dim=1)
+    ratio = (r / (A.flatten(1).norm(dim=1) * X.flatten(1).norm(dim=1))).max().item()
+    return 10 * A.shape[-1] * U32 * (cond + cond**2 * ratio)
+
+
+def _row_order(piv: torch.Tensor) -> torch.Tensor:
+    """perm with (P A)[i] = A[perm[i]] from 1-based sequential pivots, on the device."""
+    batch, n = piv.shape
+    perm = torch.arange(n, device=piv.device).repeat(batch, 1)
+    idx = torch.arange(batch, device=piv.device)
+    for k in range(n):
+        p = piv[:, k].long() - 1
+        pk, pp = perm[:, k].clone(), perm[idx, p].clone()
+        perm[:, k], perm[idx, p] = pp, pk
+    return perm
