@@ -1,0 +1,41 @@
+"""Gradient descent: NumPy references (GD, SGD, mini-batch, momentum, Adam, AdamW) and fused
+Triton optimizer steps exposed as ``torch.optim.Optimizer`` subclasses.
+
+The references import with NumPy only; ``kernelnotes.gd.SGD``/``Adam``/``AdamW`` and the
+launchers ``sgd_step_``/``adam_step_`` import torch and triton on first use.
+"""
+
+from kernelnotes.gd.reference import (
+    adam,
+    adam_update,
+    gd,
+    lstsq_grad,
+    lstsq_loss,
+    minibatch_sgd,
+    momentum,
+    regime,
+    sgd_update,
+    step_decay,
+    steps_to_tol,
+    warmup_cosine,
+)
+
+_KERNEL_NAMES = ("sgd_step_", "adam_step_")
+_OPTIM_NAMES = ("SGD", "Adam", "AdamW")
+
+__all__ = [
+    "adam", "adam_update", "gd", "lstsq_grad", "lstsq_loss", "minibatch_sgd", "momentum", "regime",
+    "sgd_update", "step_decay", "steps_to_tol", "warmup_cosine", *_KERNEL_NAMES, *_OPTIM_NAMES,
+]
+
+
+def __getattr__(name: str):
+    if name in _KERNEL_NAMES:
+        from kernelnotes.gd import kernel
+
+        return getattr(kernel, name)
+    if name in _OPTIM_NAMES:
+        from kernelnotes.gd import optim
+
+        return getattr(optim, name)
+    raise AttributeError(f"module 'kernelnotes.gd' has no attribute {name!r}")
