@@ -280,7 +280,8 @@ def test_qr(shape):
     R64 = torch.linalg.qr(A.cpu().double()).R  # LAPACK's signs, the same as ours
     assert rel_err(R, R64) < 10 * p * U32 * torch.linalg.cond(A.cpu().double()).max().item()
     _, R_only = K.qr(A, mode="r", config=_config())
-    assert torch.equal(R_only, R)
+    # the same reflections without forming Q; compiled separately, so equal up to rounding
+    assert rel_err(R_only, R) < 10 * p * U32
 
 
 def test_qr_rank_deficient_and_zero():
