@@ -46,15 +46,19 @@ def check_tensor(
         raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs on one device)")
 
 
+def interpreted(kernel) -> bool:
+    """Whether a @triton.jit function runs in Triton's interpreter (TRITON_INTERPRET=1 at its import)."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
 def check_kernel_device(name: str, t, kernel) -> None:
     """Compiled Triton kernels need CUDA tensors; the interpreter (TRITON_INTERPRET=1) needs CPU ones."""
-    interpreted = type(kernel).__name__ == "InterpretedFunction"
-    if interpreted and t.device.type != "cpu":
+    if interpreted(kernel) and t.device.type != "cpu":
         raise ValueError(
             f"{name} is on {t.device}, but Triton runs in the interpreter (TRITON_INTERPRET=1): "
             "pass CPU tensors"
         )
-    if not interpreted and t.device.type != "cuda":
+    if not interpreted(kernel) and t.device.type != "cuda":
         raise ValueError(
             f"{name} is on {t.device}; compiled Triton kernels need a CUDA tensor "
             "(set TRITON_INTERPRET=1 before importing triton to run them on the CPU)"

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelnotes._validate import check_kernel_device, check_tensor
+from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
 
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -405,7 +405,7 @@ def _autotuned(kernel, name: str, block_d: int, configs, reset_to_zero=None):
 
 
 def _interpreted() -> bool:
-    return type(_flash_attn_fwd_kernel).__name__ == "InterpretedFunction"
+    return interpreted(_flash_attn_fwd_kernel)
 
 
 def _dot_fp32(q) -> bool:

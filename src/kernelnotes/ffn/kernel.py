@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelnotes._validate import check_kernel_device, check_tensor
+from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
 
 # --8<-- [start:activations]
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")  # codes 0..4 in the kernels
@@ -485,7 +485,7 @@ _swiglu_tuned = triton.autotune(SWIGLU_CONFIGS, key=["M", "H", "K", "HAS_BIAS", 
 
 
 def _interpreted() -> bool:
-    return type(_matmul_kernel).__name__ == "InterpretedFunction"
+    return interpreted(_matmul_kernel)
 
 
 def _dot_fp32(t: torch.Tensor) -> bool:
