@@ -371,6 +371,83 @@ def test_bf16_parameters_keep_fp32_state():
     assert torch.allclose(st["exp_avg"], torch.full_like(st["exp_avg"], 0.1))
 
 
+@pytest.mark.parametrize("ours_cls, torch_cls, kwargs", [
+    (SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+    (Adam, torch.optim.Adam, dict(lr=0.1)),
+])
+def test_step_plan_is_reused_until_a_gradient_changes(ours_cls, torch_cls, kwargs):
+    """step() caches its checks and launch tables per group; every change that matters must
+    rebuild them, and every step must match torch.optim fed the same gradients."""
+    ps = _params(shapes=[(300,), (7,), (5, 7)])
+    qs = [p.clone() for p in ps]
+    ours, ref = ours_cls(ps, **kwargs, config=CFG), torch_cls(qs, **kwargs)
+    gen = torch.Generator().manual_seed(1)
+
+    def new_grad(i):
+        g = torch.randn(ps[i].shape, generator=gen).to(DEVICE)
+        ps[i].grad, qs[i].grad = g, g.clone()
+
+    def step():
+        ours.step()
+        ref.step()
+        return ours._plans.get(id(ours.param_groups[0]))
+
+    for i in range(3):
+        new_grad(i)
+    step()  # SGD: creates the momentum buffers, so nothing is cached yet
+    plan = step()
+    assert plan is not None and step() is plan  # nothing changed: the cached plan runs
+    for p, q in zip(ps, qs, strict=True):  # written in place (backward into kept grads): kept
+        p.grad.mul_(-2.0)
+        q.grad.mul_(-2.0)
+    assert step() is plan
+    new_grad(1)  # a gradient replaced by a new tensor
+    assert step() is not plan
+    plan = step()
+    with torch.no_grad():  # same gradient object, new storage: moved, so rebuilt
+        ps[0].grad.data = torch.randn(ps[0].shape, generator=gen).to(DEVICE)
+        qs[0].grad.copy_(ps[0].grad)
+    assert step() is not plan
+    plan = step()
+    ps[2].grad = qs[2].grad = None  # no gradient: left alone (Adam: its step count waits)
+    frozen = ps[2].clone()
+    assert step() is not plan
+    plan = step()
+    assert step() is plan and torch.equal(ps[2], frozen)
+    if ours_cls is Adam:  # a step count changed in place is seen, too
+        for opt, p in ((ours, ps[0]), (ref, qs[0])):
+            opt.state[p]["step"].fill_(1.0)
+        assert step() is not plan
+        counts = [int(s["step"]) for s in ours.state.values()]
+        assert counts == [int(s["step"]) for s in ref.state.values()] and counts[0] == 2
+    new_grad(2)
+    step()
+    assert rel_err(_flat(ps), _flat(qs)) < 10 * U32 * math.sqrt(13)  # 13 steps
+
+
+@pytest.mark.parametrize("cls", [SGD, Adam])
+def test_step_plan_sees_a_parameter_change_dtype_or_device(cls):
+    w = torch.nn.Parameter(torch.zeros(300, device=DEVICE))
+    w.grad = torch.ones_like(w)
+    opt = cls([w], lr=0.1, config=CFG)
+    opt.step()
+    opt.step()
+    assert opt._plans  # cached
+    w.data = w.data.bfloat16()  # same parameter and gradient objects; the parameter moved
+    with pytest.raises(TypeError, match=r"grads\[0\] must have dtype in \(bfloat16\), got float32"):
+        opt.step()
+    w.grad = torch.ones_like(w)
+    before = w.detach().float().clone()
+    opt.step()  # a bf16 step on the fp32 state
+    assert w.dtype == torch.bfloat16 and bool(torch.all(w.float() < before))
+    assert all(t.dtype == torch.float32 for t in opt.state[w].values() if t.numel() > 1)
+    other = "cpu" if ON_GPU else "meta"  # Module.to() with swap_module_params_on_conversion
+    torch.utils.swap_tensors(w, torch.nn.Parameter(w.detach().to(other)))
+    w.grad = torch.ones_like(w)
+    with pytest.raises(ValueError, match=r"params\[0\] is on (cpu|meta)"):
+        opt.step()
+
+
 # ---------------------------------------------------------------- refusals
 
 

@@ -1,8 +1,10 @@
 """Fused, in-place optimizer steps over many parameter tensors in one Triton launch.
 
 Order: the jit kernels (SGD, Adam/AdamW), then the torch-facing multi-tensor launchers
-``sgd_step_`` and ``adam_step_``. The ``torch.optim.Optimizer`` classes built on them live in
-``optim.py``. The post (docs/posts/04-gradient-descent.md) derives the updates.
+``sgd_step_`` and ``adam_step_``, each a checked plan (``sgd_plan``/``adam_plan``: validation,
+table, config) followed by a bare launch (``sgd_launch``/``adam_launch``), so that a caller that
+keeps the plan (the optimizers do) pays only for the launch on later steps. The
+``torch.optim.Optimizer`` classes built on them live in ``optim.py``. The post (docs/posts/04-gradient-descent.md) derives the updates.
 
 One launch, many tensors: the launcher writes a small int64 table on the device holding, for every
 tensor, the address of each of its streams (parameter, gradient, state buffers) and its length,
@@ -333,6 +335,18 @@ def sgd_step_(params, grads, momentum_buffers=None, *, lr: float, momentum: floa
         first_step: the buffers are new: set them to the gradient instead of averaging.
         config: a ``triton.Config`` with BLOCK, ITERS, num_warps; None tunes on the GPU.
     """
+    plan = sgd_plan(params, grads, momentum_buffers, momentum=momentum,
+                    weight_decay=weight_decay, nesterov=nesterov, maximize=maximize, config=config)
+    sgd_launch(plan, lr, momentum, dampening, weight_decay, first_step)
+
+
+def sgd_plan(params, grads, momentum_buffers=None, *, momentum: float = 0.0,
+             weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False,
+             config=None) -> tuple:
+    """Check the tensors of an SGD step and return what ``sgd_launch`` needs: the table, the
+    grid, the tensor count and the kernel's compile-time arguments. Valid while the tensors stay
+    the same (addresses, dtypes, shapes) and the flags (momentum != 0, nesterov, weight_decay != 0,
+    maximize) and the config do not change; the scalars may change on every launch."""
     streams = {"params": params, "grads": grads}
     if momentum != 0:
         if momentum_buffers is None:
@@ -341,14 +355,21 @@ def sgd_step_(params, grads, momentum_buffers=None, *, lr: float, momentum: floa
     dtype = _first_param(params, _sgd_kernel)
     flags = (momentum != 0, bool(nesterov), weight_decay != 0, bool(maximize))
     cfg = _config("sgd", dtype, flags, config)
-    chunk = cfg.kwargs["BLOCK"] * cfg.kwargs["ITERS"]
-    tbl, n_chunks, aligned = _prepare(streams, _sgd_kernel, chunk)
+    tbl, n_chunks, aligned = _prepare(streams, _sgd_kernel,
+                                      cfg.kwargs["BLOCK"] * cfg.kwargs["ITERS"])
+    constexprs = dict(P_DTYPE=_TL_DTYPE[dtype], MOMENTUM=flags[0], NESTEROV=flags[1],
+                      WEIGHT_DECAY=flags[2], MAXIMIZE=flags[3], ALIGNED=aligned, **cfg.kwargs,
+                      num_warps=cfg.num_warps)
+    return tbl, n_chunks, len(params), constexprs
+
+
+def sgd_launch(plan: tuple, lr: float, momentum: float, dampening: float, weight_decay: float,
+               first_step: bool) -> None:
+    """The SGD launch of a ``sgd_plan``: no checks, no allocation, nothing copied to the device."""
+    tbl, n_chunks, n_tensors, constexprs = plan
     if n_chunks:
-        _sgd_kernel[(n_chunks,)](
-            tbl, len(params), float(lr), float(momentum), 1.0 - dampening, float(weight_decay),
-            int(first_step),
-            P_DTYPE=_TL_DTYPE[dtype], MOMENTUM=flags[0], NESTEROV=flags[1], WEIGHT_DECAY=flags[2],
-            MAXIMIZE=flags[3], ALIGNED=aligned, **cfg.kwargs, num_warps=cfg.num_warps)
+        _sgd_kernel[(n_chunks,)](tbl, n_tensors, float(lr), float(momentum), 1.0 - dampening,
+                                 float(weight_decay), int(first_step), **constexprs)
 
 
 def adam_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, step: int,
@@ -374,6 +395,17 @@ def adam_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, st
     """
     if step < 1:
         raise ValueError(f"step counts from 1, got {step}")
+    plan = adam_plan(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                     weight_decay=weight_decay, decoupled=decoupled, amsgrad=amsgrad,
+                     maximize=maximize, config=config)
+    adam_launch(plan, step, lr, beta1, beta2, eps, weight_decay)
+
+
+def adam_plan(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *,
+              weight_decay: float = 0.0, decoupled: bool = False, amsgrad: bool = False,
+              maximize: bool = False, config=None) -> tuple:
+    """Check the tensors of an Adam step and return what ``adam_launch`` needs (as ``sgd_plan``;
+    the flags are weight_decay != 0, decoupled, amsgrad and maximize)."""
     streams = {"params": params, "grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
     if amsgrad:
         if max_exp_avg_sqs is None:
@@ -383,16 +415,23 @@ def adam_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, st
     wd_mode = 0 if weight_decay == 0 else (2 if decoupled else 1)
     flags = (wd_mode, bool(amsgrad), bool(maximize))
     cfg = _config("adam", dtype, flags, config)
-    chunk = cfg.kwargs["BLOCK"] * cfg.kwargs["ITERS"]
-    tbl, n_chunks, aligned = _prepare(streams, _adam_kernel, chunk)
+    tbl, n_chunks, aligned = _prepare(streams, _adam_kernel,
+                                      cfg.kwargs["BLOCK"] * cfg.kwargs["ITERS"])
+    constexprs = dict(P_DTYPE=_TL_DTYPE[dtype], WD_MODE=wd_mode, AMSGRAD=flags[1],
+                      MAXIMIZE=flags[2], ALIGNED=aligned, **cfg.kwargs, num_warps=cfg.num_warps)
+    return tbl, n_chunks, len(params), constexprs
+
+
+def adam_launch(plan: tuple, step: int, lr: float, beta1: float, beta2: float, eps: float,
+                weight_decay: float) -> None:
+    """The Adam launch of an ``adam_plan`` at step k = ``step`` (bias corrections in double)."""
+    tbl, n_chunks, n_tensors, constexprs = plan
     bc1 = 1.0 - beta1**step
     bc2_sqrt = math.sqrt(1.0 - beta2**step)
     if n_chunks:
         _adam_kernel[(n_chunks,)](
-            tbl, len(params), lr / bc1, float(beta1), 1.0 - beta1, float(beta2), 1.0 - beta2,
-            float(eps), bc2_sqrt, float(weight_decay), 1.0 - lr * weight_decay,
-            P_DTYPE=_TL_DTYPE[dtype], WD_MODE=wd_mode, AMSGRAD=flags[1], MAXIMIZE=flags[2],
-            ALIGNED=aligned, **cfg.kwargs, num_warps=cfg.num_warps)
+            tbl, n_tensors, lr / bc1, float(beta1), 1.0 - beta1, float(beta2), 1.0 - beta2,
+            float(eps), bc2_sqrt, float(weight_decay), 1.0 - lr * weight_decay, **constexprs)
 
 
 def tuned_config(kind: str, dtype=torch.float32, flags: tuple | None = None, n: int = 1 << 24):
