@@ -81,7 +81,8 @@ def run(quick: bool) -> list[dict]:
         nbytes = batch * (4 * 2 * n * n + 4 * n + 4)
         flops = batch * 2 * n**3 / 3
         rows.append(_row("lu_factor", "triton", batch, n, n, 0, _time(lambda: K.lu_factor(A)),
-                         nbytes, flops, backward_error=err, singular=int((info != 0).sum())))
+                         nbytes, flops, backward_error=err, singular=int((info != 0).sum()),
+                         config=_chosen(K._lu_factor_tuned)))
         rows.append(_row("lu_factor", "torch", batch, n, n, 0,
                          _time(lambda: torch.linalg.lu_factor_ex(A)), nbytes, flops))
         # ---- qr (reduced)
@@ -128,6 +129,13 @@ def run(quick: bool) -> list[dict]:
     return rows
 
 
+def _chosen(tuned) -> str:
+    """The autotuner's pick for the last call (MATS: matrices per program)."""
+    c = getattr(tuned, "best_config", None)
+    return "?" if c is None else " ".join([*(f"{k}={v}" for k, v in c.kwargs.items()),
+                                           f"num_warps={c.num_warps}"])
+
+
 def _row_order(piv):
     """perm with (P A)[i] = A[perm[i]] from 1-based sequential pivots, replayed in torch."""
     import torch
@@ -167,9 +175,12 @@ def summary(rows: list[dict], meta: dict) -> str:
         met = "" if not q["target"] else ("  MET" if q["speedup"] >= q["target"] else "  MISSED")
         k = f" k={q['k']}" if q["k"] else ""
         lines.append(f"{q['op']} {q['m']}x{q['n']}{k} b{q['batch']}: {q['ms']:.3f} ms vs "
-                     f"{q['torch_ms']:.3f} ms = {q['speedup']:.1f}x torch.linalg{target}{met}; "
+                     f"{q['torch_ms']:.3f} ms = {q['speedup']:.{2 if q['speedup'] < 10 else 0}f}x "
+                     f"torch.linalg{target}{met}; "
                      f"{100 * roof:.0f}% of the {meta['copy_gbs']:.0f} GB/s copy roofline")
     for r in rows:
+        if "config" in r:
+            lines.append(f"  config {r['op']} {r['m']}x{r['n']} b{r['batch']}: {r['config']}")
         for f in ("backward_error", "forward_error"):
             if f in r:
                 lines.append(f"  check {r['op']} {r['m']}x{r['n']} b{r['batch']}: {f} {r[f]:.2e}")

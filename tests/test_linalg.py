@@ -227,6 +227,40 @@ def test_lu_factor(n):
     assert (piv.cpu() == piv_t).float().mean() > 0.99  # the same pivots but for rare near-ties
 
 
+@pytest.mark.parametrize("mats,warps", [(2, 1), (4, 1), (4, 2)])  # in LU_CONFIGS: no extra
+def test_lu_factor_several_matrices_per_program(mats, warps):  # compiles on the GPU
+    """MATS > 1 (an [NP, MATS, NP] tile per program) gives bitwise the MATS = 1 result, with a
+    batch that does not divide by MATS and bad matrices that must not leak into neighbours."""
+    import triton
+
+    K = _kernel()
+    for n in (5, 16):
+        batch = 2 * mats + 1  # 5 or 9
+        g = torch.Generator().manual_seed(10 * n + mats)
+        A = torch.randn(batch, n, n, generator=g)
+        A[1] = 0.0  # info 1
+        A[2, :, 3] = 0.0  # info 4
+        A[3, 1, 0] = float("nan")
+        A[4, :, 1] = A[4, :, 1].round()  # exact ties in a column
+        A = A.to(DEVICE)
+        out = (poison_(torch.empty(batch, n, n, device=DEVICE)),
+               torch.full((batch, n), -7, dtype=torch.int32, device=DEVICE),
+               torch.full((batch,), -7, dtype=torch.int32, device=DEVICE))
+        LU, piv, info = K.lu_factor(A, config=triton.Config({"MATS": mats}, num_warps=warps),
+                                    out=out)
+        LU1, piv1, info1 = K.lu_factor(A, config=triton.Config({"MATS": 1}, num_warps=1))
+        assert torch.equal(piv, piv1) and torch.equal(info, info1)
+        assert torch.equal(LU.isnan(), LU1.isnan())
+        assert torch.equal(LU.nan_to_num(), LU1.nan_to_num())
+        good = [i for i in range(batch) if i != 3]
+        assert torch.isnan(LU[3]).any() and torch.isfinite(LU[good]).all()
+        _, piv_t, info_t = torch.linalg.lu_factor_ex(A[good].cpu().double())
+        assert torch.equal(info[good].cpu(), info_t) and info_t[1] == 1 and info_t[2] == 4
+        assert (piv[good].cpu() == piv_t).float().mean() > 0.99
+        L, U = _unpack(LU[good])
+        assert rel_err(L @ U, _perm_rows(A[good], piv[good])) < 10 * n * U32
+
+
 def test_lu_factor_singular_and_edge_values():
     K = _kernel()
     A = torch.randn(4, 4, 4)

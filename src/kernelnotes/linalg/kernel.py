@@ -6,7 +6,10 @@ a masked ``tl.sum``, the pivot is a masked ``tl.max``, row swaps are index arith
 of row positions (rows never move in registers), and every elimination or reflection is a rank-1
 update of the whole tile. Nothing but the input and the output touches global memory; the
 n steps of whole-tile work (reductions across lanes, selects, fmas) are what costs time, and
-benchmarks/bench_linalg.py reports how close that comes to the memory roofline.
+benchmarks/bench_linalg.py reports how close that comes to the memory roofline. For LU at
+n <= 32 the autotuner may also give a program up to four matrices (an [NP, MATS, NP] tile, every
+reduction along one matrix's own axes): each matrix then spans fewer lanes, so every reduction
+across lanes serves several matrices at once.
 
 Order: the jit helpers and kernels, then the torch-facing launchers ``lu_factor``, ``lu_solve``,
 ``qr`` and ``lstsq``.
@@ -26,8 +29,9 @@ MAX_M = 256  # rows of qr / lstsq inputs
 MAX_K = 64  # right-hand sides of lu_solve / lstsq
 U_FP32 = 2.0**-24  # unit roundoff of float32
 
-# Autotuning only chooses how many warps share one matrix's tile; configs that would leave a
-# thread fewer than 4 or more than 32 tile elements are pruned before timing (and compiling).
+# Autotuning chooses how many warps share one matrix's tile (and, for LU, how many matrices a
+# program holds); configs that would leave a thread fewer than 4 or more than 32 tile elements
+# are pruned before timing (and compiling).
 CONFIGS = [triton.Config({}, num_warps=w) for w in (1, 2, 4, 8, 16)]
 
 
@@ -50,44 +54,54 @@ def _lu_factor_kernel(
     piv_ptr,  # *int32 [B, n] output: step k swapped rows k and piv[k] - 1 (1-based, as LAPACK)
     info_ptr,  # *int32 [B] output: 0, or i > 0 when U[i-1, i-1] is exactly zero (the first such)
     n,  # matrix order, n <= NP
+    B,  # batch size
     NP: tl.constexpr,  # tile size, a power of two
+    MATS: tl.constexpr,  # matrices per program, each factored on its own
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    r = tl.arange(0, NP)  # row index   [NP]
-    c = tl.arange(0, NP)  # column index [NP]
-    rows, cols = r[:, None], c[None, :]
-    inside = (rows < n) & (cols < n)
-    A = tl.load(a_ptr + pid * n * n + rows * n + cols, mask=inside, other=0.0)  # [NP, NP]
+    # The tile is [NP, MATS, NP] (rows, matrix, columns), so that each matrix gets its own lanes
+    # in both directions: vectors over rows are [NP, MATS], over columns [MATS, NP].
+    mat = tl.program_id(0) * MATS + tl.arange(0, MATS)  # batch index of each matrix   [MATS]
+    r = tl.arange(0, NP)[:, None]  # row index      [NP, 1]
+    c = tl.arange(0, NP)[None, :]  # column index   [1, NP]
+    rows, cols = r[:, :, None], c[None, :, :]
+    inside = (mat[None, :, None] < B) & (rows < n) & (cols < n)
+    entry = mat.to(tl.int64)[None, :, None] * n * n + rows * n + cols  # [NP, MATS, NP]
+    A = tl.load(a_ptr + entry, mask=inside, other=0.0)
     # Rows never move in the tile. loc[i] is where row i is in LAPACK's row-swapped matrix: rows
-    # with loc < k are rows of U already, rows with loc >= k are still being eliminated.
-    loc = r
-    piv = r  # piv[k] = the position swapped with position k at step k
-    diag = tl.zeros([NP], dtype=tl.float32)  # the pivots U_kk, for info
-    inv_diag = tl.zeros([NP], dtype=tl.float32)  # 1 / U_kk (0 for a zero pivot)
+    # with loc < k are rows of U already, rows with loc >= k are still being eliminated. Padding
+    # rows get loc = -1: never a pivot candidate, never updated.
+    loc = tl.broadcast_to(tl.where(r < n, r, -1), [NP, MATS])
+    piv = tl.zeros([NP, MATS], dtype=tl.int32)  # piv[k]: the position swapped with k at step k
+    inv_diag = tl.zeros([MATS, NP], dtype=tl.float32)  # 1 / U_kk (0 for a zero pivot), by column
+    info = tl.zeros([MATS], dtype=tl.int32)
     for k in range(n):
-        col = tl.sum(tl.where(cols == k, A, 0.0), axis=1)  # column k            [NP]
-        mag = tl.where(col == col, tl.abs(col), float("inf"))  # NaN ranks first, as in idamax
-        mag = tl.where((loc >= k) & (r < n), mag, -1.0)
-        j = tl.min(tl.where(mag == tl.max(mag, axis=0), loc, NP), axis=0)  # first largest
-        p = tl.sum(tl.where(loc == j, r, 0), axis=0)  # the pivot row (tile index)
-        q = tl.sum(tl.where(loc == k, r, 0), axis=0)  # the row now at position k
-        loc = tl.where(r == p, k, tl.where(r == q, j, loc))  # swap positions k and j
-        pivot = tl.sum(tl.where(r == p, col, 0.0), axis=0)  # U_kk
-        u = tl.sum(tl.where(rows == p, A, 0.0), axis=0)  # row k of U       [NP]
+        col = tl.sum(tl.where(cols == k, A, 0.0), axis=2)  # column k               [NP, MATS]
+        # |a_ik| as int32 bits orders like the float (NaN ranks first as inf, as in idamax);
+        # rows of U and padding rows get -1 and never win. Integer reductions are cheaper.
+        mag = tl.minimum(tl.abs(col).to(tl.int32, bitcast=True), 0x7F800000)  # NaN -> inf
+        mag = tl.where(loc >= k, mag, -1)
+        big = tl.max(mag, axis=0)  # |U_kk| (as bits)                                     [MATS]
+        # the first largest in LAPACK's row order: row i is the pivot row when loc[i] == j
+        j = tl.min(tl.where(mag == big[None, :], loc, NP), axis=0)  # [MATS]
+        is_p = loc == j[None, :]  # [NP, MATS]
+        pivot = tl.sum(tl.where(is_p, col, 0.0), axis=0)  # U_kk                        [MATS]
+        loc = tl.where(is_p, k, tl.where(loc == k, j[None, :], loc))  # swap positions k and j
+        u = tl.sum(tl.where(is_p[:, :, None], A, 0.0), axis=0)  # row k of U          [MATS, NP]
         nonzero = pivot != 0.0  # a zero pivot leaves its column unscaled (as getrf)
         inv = tl.where(nonzero, 1.0 / tl.where(nonzero, pivot, 1.0), 0.0)
-        m = tl.where(loc > k, col * inv, 0.0)  # multipliers m_ik, |m_ik| <= 1   [NP]
-        A = A - m[:, None] * tl.where(c > k, u, 0.0)[None, :]  # rank-1 update right of k
-        piv = tl.where(r == k, j, piv)
-        diag = tl.where(r == k, pivot, diag)
-        inv_diag = tl.where(c == k, inv, inv_diag)
+        info = tl.where((info == 0) & ~nonzero, k + 1, info)
+        m = tl.where(loc > k, col * inv[None, :], 0.0)  # multipliers m_ik, |m_ik| <= 1
+        A = A - m[:, :, None] * tl.where(c > k, u, 0.0)[None, :, :]  # rank-1 update right of k
+        piv = tl.where(r == k, j[None, :], piv)
+        inv_diag = tl.where(c == k, inv[:, None], inv_diag)
     # column k was left alone after step k: below the pivot it still holds m_ik U_kk, so one
     # pass makes every multiplier at once (the same product col * inv the update used)
-    A = tl.where(loc[:, None] > cols, A * inv_diag[None, :], A)
-    first_zero = tl.min(tl.where((diag == 0.0) & (r < n), r, NP), axis=0)
-    tl.store(lu_ptr + pid * n * n + loc[:, None] * n + cols, A, mask=inside)  # row i -> loc[i]
-    tl.store(piv_ptr + pid * n + r, piv + 1, mask=r < n)
-    tl.store(info_ptr + pid, tl.where(first_zero < NP, first_zero + 1, 0))
+    A = tl.where(loc[:, :, None] > cols, A * inv_diag[None, :, :], A)
+    out = entry + (loc[:, :, None] - rows) * n  # row i -> row loc[i]
+    tl.store(lu_ptr + out, A, mask=inside)
+    live = mat[None, :] < B
+    tl.store(piv_ptr + mat.to(tl.int64)[None, :] * n + r, piv + 1, mask=live & (r < n))
+    tl.store(info_ptr + mat, info, mask=mat < B)
 # --8<-- [end:lu_kernel]
 
 
@@ -259,11 +273,15 @@ def _default_config(tile_elems: int) -> triton.Config:
     return triton.Config({}, num_warps=warps)
 
 
+def _interpreted(kernel) -> bool:
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
 def _launch(kernel, tuned, grid, args: tuple, meta: dict, config: triton.Config | None,
-            tile_elems: int) -> None:
-    if grid[0] == 0:
+            tile_elems: int, count: int | None = None) -> None:
+    if (grid[0] if count is None else count) == 0:
         return
-    if config is None and type(kernel).__name__ != "InterpretedFunction":
+    if config is None and not _interpreted(kernel):
         tuned[grid](*args, **meta)
         return
     config = config or _default_config(tile_elems)
@@ -288,7 +306,22 @@ def _out(name: str, given, shape: tuple, dtype, device) -> torch.Tensor:
 
 
 # --8<-- [start:lu_factor]
-_lu_factor_tuned = _autotune(["n"])(_lu_factor_kernel)
+# LU also tunes MATS, the matrices per program: at n <= 32 a matrix is a few registers per thread,
+# and a program with several gives each its own lanes, so a reduction covers more than one matrix
+# at once. MATS = 1 with 1 to 16 warps is the one-matrix-per-program kernel, pruned as above.
+LU_CONFIGS = [triton.Config({"MATS": s}, num_warps=w) for s, w in (
+    (1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (2, 1), (4, 1), (4, 2), (4, 4))]
+
+
+def _lu_prune(configs, named_args, **kwargs):
+    kept = _prune([c for c in configs if c.kwargs["MATS"] == 1], named_args, **kwargs)
+    tile = kwargs["NP"] ** 2
+    return kept + [c for c in configs if c.kwargs["MATS"] > 1 and tile <= 32 * 32
+                   and 4 <= c.kwargs["MATS"] * tile // (32 * c.num_warps) <= 32]
+
+
+_lu_factor_tuned = triton.autotune(
+    LU_CONFIGS, key=["n"], prune_configs_by={"early_config_prune": _lu_prune})(_lu_factor_kernel)
 
 
 def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None):
@@ -299,7 +332,8 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
 
     Args:
         A: [..., n, n] float32, 1 <= n <= 64; CUDA (CPU under the Triton interpreter).
-        config: a ``triton.Config`` (its num_warps) or None to autotune on the GPU.
+        config: a ``triton.Config`` (num_warps, and MATS: matrices per program, default 1) or
+            None to autotune on the GPU.
         out: optional (LU, pivots, info) tensors to write into.
     Returns:
         LU: [..., n, n] float32, U on and above the diagonal, the multipliers of L below it.
@@ -317,9 +351,12 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
     lu = _out("LU", lu, (*batch, n, n), torch.float32, A.device)
     piv = _out("pivots", piv, (*batch, n), torch.int32, A.device)
     info = _out("info", info, tuple(batch), torch.int32, A.device)
-    NP = _pow2(n)
-    _launch(_lu_factor_kernel, _lu_factor_tuned, (a.shape[0],), (a, lu, piv, info, n),
-            {"NP": NP}, config, NP * NP)
+    NP, B = _pow2(n), a.shape[0]
+    if config is not None or _interpreted(_lu_factor_kernel):  # a fixed launch: MATS 1 unless set
+        config = config or _default_config(NP * NP)
+        config = triton.Config({"MATS": 1, **config.kwargs}, num_warps=config.num_warps)
+    _launch(_lu_factor_kernel, _lu_factor_tuned, lambda meta: (triton.cdiv(B, meta["MATS"]),),
+            (a, lu, piv, info, n, B), {"NP": NP}, config, NP * NP, B)
     return lu, piv, info
 # --8<-- [end:lu_factor]
 
