@@ -221,7 +221,7 @@ def table_performance():
         return (
             '!!! note "Results pending"\n'
             "    Results pending: run `python -m benchmarks ffn` on a GPU; "
-            "the table and the ratios against the issue's targets appear here from "
+            "the table and the ratios against the targets appear here from "
             "`benchmarks/results/ffn.json`."
         )
     rows = []
