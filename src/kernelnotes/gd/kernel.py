@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelnotes._validate import check_kernel_device, check_tensor
+from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
 
 
 # --8<-- [start:helpers]
@@ -240,7 +240,7 @@ _TUNED: dict = {}  # (kernel, dtype, flags) -> the fastest of CONFIGS on a 2^24-
 
 
 def _interpreted() -> bool:
-    return type(_adam_kernel).__name__ == "InterpretedFunction"
+    return interpreted(_adam_kernel)
 
 
 def _check(streams: dict[str, list], kernel) -> tuple[torch.dtype, torch.device]:

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelnotes._validate import check_kernel_device, check_tensor
+from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
 
 # --8<-- [start:setup]
 MAX_N = 64  # columns (and rows of square inputs); the tile is next_pow2(n) wide
@@ -273,15 +273,11 @@ def _default_config(tile_elems: int) -> triton.Config:
     return triton.Config({}, num_warps=warps)
 
 
-def _interpreted(kernel) -> bool:
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
 def _launch(kernel, tuned, grid, args: tuple, meta: dict, config: triton.Config | None,
             tile_elems: int, count: int | None = None) -> None:
     if (grid[0] if count is None else count) == 0:
         return
-    if config is None and not _interpreted(kernel):
+    if config is None and not interpreted(kernel):
         tuned[grid](*args, **meta)
         return
     config = config or _default_config(tile_elems)
@@ -352,7 +348,7 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
     piv = _out("pivots", piv, (*batch, n), torch.int32, A.device)
     info = _out("info", info, tuple(batch), torch.int32, A.device)
     NP, B = _pow2(n), a.shape[0]
-    if config is not None or _interpreted(_lu_factor_kernel):  # a fixed launch: MATS 1 unless set
+    if config is not None or interpreted(_lu_factor_kernel):  # a fixed launch: MATS 1 unless set
         config = config or _default_config(NP * NP)
         config = triton.Config({"MATS": 1, **config.kwargs}, num_warps=config.num_warps)
     _launch(_lu_factor_kernel, _lu_factor_tuned, lambda meta: (triton.cdiv(B, meta["MATS"]),),
