@@ -3,6 +3,7 @@
 ``kernelnotes.attention.flash_attention`` and the launchers import torch and triton on first use.
 """
 
+from kernelnotes._lazy import lazy_exports
 from kernelnotes.attention.reference import (
     VERSIONS,
     attention_naive,
@@ -24,9 +25,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _KERNEL_NAMES:
-        from kernelnotes.attention import kernel
-
-        return getattr(kernel, name)
-    raise AttributeError(f"module 'kernelnotes.attention' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})

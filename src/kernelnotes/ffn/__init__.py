@@ -5,6 +5,7 @@ The Triton names (``linear_act``, ``linear_swiglu``, ``ffn``, ``FeedForward``, .
 and triton on first use only.
 """
 
+from kernelnotes._lazy import lazy_exports
 from kernelnotes.ffn.reference import (
     ACTIVATIONS,
     activation,
@@ -43,9 +44,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _KERNEL_NAMES:
-        from kernelnotes.ffn import kernel
-
-        return getattr(kernel, name)
-    raise AttributeError(f"module 'kernelnotes.ffn' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})

@@ -5,6 +5,7 @@ The references import with NumPy only; ``kernelnotes.gd.SGD``/``Adam``/``AdamW``
 launchers ``sgd_step_``/``adam_step_`` import torch and triton on first use.
 """
 
+from kernelnotes._lazy import lazy_exports
 from kernelnotes.gd.reference import (
     adam,
     adam_update,
@@ -29,13 +30,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _KERNEL_NAMES:
-        from kernelnotes.gd import kernel
-
-        return getattr(kernel, name)
-    if name in _OPTIM_NAMES:
-        from kernelnotes.gd import optim
-
-        return getattr(optim, name)
-    raise AttributeError(f"module 'kernelnotes.gd' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES, "optim": _OPTIM_NAMES})

@@ -4,14 +4,11 @@
 and triton on first use only; the references are in ``kernelnotes.linalg.reference``.
 """
 
+from kernelnotes._lazy import lazy_exports
+
 _KERNEL_NAMES = ("lu_factor", "lu_solve", "qr", "lstsq")
 
 __all__ = [*_KERNEL_NAMES]
 
 
-def __getattr__(name: str):
-    if name in _KERNEL_NAMES:
-        from kernelnotes.linalg import kernel
-
-        return getattr(kernel, name)
-    raise AttributeError(f"module 'kernelnotes.linalg' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})

@@ -4,6 +4,7 @@
 triton on first use only; the NumPy reference lives in ``kernelnotes.mhc.reference``.
 """
 
+from kernelnotes._lazy import lazy_exports
 from kernelnotes.mhc import reference
 from kernelnotes.mhc.reference import amax_gain, gates, mhc_layer, mixes, sinkhorn
 
@@ -12,9 +13,4 @@ _KERNEL_NAMES = ("mhc_pre", "mhc_pre_from_mixes", "mhc_post")
 __all__ = ["reference", "amax_gain", "gates", "mhc_layer", "mixes", "sinkhorn", *_KERNEL_NAMES]
 
 
-def __getattr__(name: str):
-    if name in _KERNEL_NAMES:
-        from kernelnotes.mhc import kernel
-
-        return getattr(kernel, name)
-    raise AttributeError(f"module 'kernelnotes.mhc' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})

@@ -3,6 +3,7 @@
 ``kernelnotes.newton.sqrt``/``rsqrt`` import torch and triton on first use only.
 """
 
+from kernelnotes._lazy import lazy_exports
 from kernelnotes.newton.reference import (
     NoConvergenceError,
     NonFiniteError,
@@ -31,9 +32,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _KERNEL_NAMES:
-        from kernelnotes.newton import kernel
-
-        return getattr(kernel, name)
-    raise AttributeError(f"module 'kernelnotes.newton' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})

@@ -1,0 +1,43 @@
+"""Importing a topic costs nothing: the NumPy references load without torch or triton, and the
+Triton launchers are found by name on first use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPICS = sorted(p.parent.name for p in (ROOT / "src" / "kernelnotes").glob("*/reference.py"))
+
+
+def test_every_topic_has_a_reference():
+    assert {"newton", "linalg", "gd", "ffn", "mhc", "attention"} <= set(TOPICS)
+
+
+def test_topics_and_references_import_without_torch_or_triton():
+    code = (
+        "import sys\n"
+        + "".join(f"import kernelnotes.{t}, kernelnotes.{t}.reference\n" for t in TOPICS)
+        + "heavy = sorted(m for m in ('torch', 'triton') if m in sys.modules)\n"
+        + "assert not heavy, heavy\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "topic, name", [("newton", "sqrt"), ("linalg", "qr"), ("gd", "AdamW"), ("ffn", "linear_act"),
+                    ("mhc", "mhc_post"), ("attention", "flash_attention")]
+)
+def test_launchers_resolve_lazily_and_unknown_names_fail_clearly(topic, name):
+    import importlib
+
+    module = importlib.import_module(f"kernelnotes.{topic}")
+    assert callable(getattr(module, name))
+    with pytest.raises(AttributeError, match=f"module 'kernelnotes.{topic}' has no attribute 'nope'"):
+        module.nope  # noqa: B018
