@@ -75,7 +75,7 @@ def run(quick: bool) -> list[dict]:
         # ---- lu_factor
         LU, piv, info = K.lu_factor(A)
         L = torch.tril(LU, -1) + torch.eye(n, device="cuda")
-        perm = _row_order(piv)
+        perm = K.row_permutation(piv)
         pa = torch.gather(A, 1, perm[..., None].expand(-1, -1, n))
         err = _backward_error(L @ torch.triu(LU), pa)
         nbytes = batch * (4 * 2 * n * n + 4 * n + 4)
@@ -134,20 +134,6 @@ def _chosen(tuned) -> str:
     c = getattr(tuned, "best_config", None)
     return "?" if c is None else " ".join([*(f"{k}={v}" for k, v in c.kwargs.items()),
                                            f"num_warps={c.num_warps}"])
-
-
-def _row_order(piv):
-    """perm with (P A)[i] = A[perm[i]] from 1-based sequential pivots, replayed in torch."""
-    import torch
-
-    batch, n = piv.shape
-    perm = torch.arange(n, device=piv.device).repeat(batch, 1)
-    idx = torch.arange(batch, device=piv.device)
-    for k in range(n):
-        p = piv[:, k].long() - 1
-        pk, pp = perm[:, k].clone(), perm[idx, p].clone()
-        perm[:, k], perm[idx, p] = pp, pk
-    return perm
 
 
 def ratios(rows: list[dict]) -> list[dict]:

@@ -40,10 +40,11 @@ def _with_cond(rng, m: int, n: int, cond: float) -> np.ndarray:
 
 
 def _perm_rows(A: torch.Tensor, piv: torch.Tensor) -> torch.Tensor:
-    """P A (float64) from 1-based sequential pivots, by swaps replayed in torch, not by the kernel."""
+    """P A (float64) from 1-based sequential pivots, by swaps replayed in torch, not by the kernel
+    (row_permutation itself is checked against torch.lu_unpack below)."""
     n = A.shape[-1]
     a = A.double().reshape(-1, n, n)
-    perm = _row_order(piv.reshape(-1, n))
+    perm = _kernel().row_permutation(piv.reshape(-1, n))
     return torch.gather(a, 1, perm[..., None].expand(-1, -1, n)).reshape(A.shape)
 
 
@@ -444,13 +445,11 @@ def _wedin_bound(A, B, X, cond: float) -> float:
     return 10 * A.shape[-1] * U32 * (cond + cond**2 * ratio)
 
 
-def _row_order(piv: torch.Tensor) -> torch.Tensor:
-    """perm with (P A)[i] = A[perm[i]] from 1-based sequential pivots, on the device."""
-    batch, n = piv.shape
-    perm = torch.arange(n, device=piv.device).repeat(batch, 1)
-    idx = torch.arange(batch, device=piv.device)
-    for k in range(n):
-        p = piv[:, k].long() - 1
-        pk, pp = perm[:, k].clone(), perm[idx, p].clone()
-        perm[:, k], perm[idx, p] = pp, pk
-    return perm
+def test_row_permutation_matches_torch_lu_unpack():
+    A = torch.randn(7, 9, 9, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    LU, piv = torch.linalg.lu_factor(A)
+    P, _, _ = torch.lu_unpack(LU, piv)  # A = P L U, so P^T A = L U
+    perm = _kernel().row_permutation(piv)
+    assert torch.equal(torch.gather(A, 1, perm[..., None].expand(-1, -1, 9)), P.mT @ A)
+    with pytest.raises(TypeError, match="pivots must have dtype in"):
+        _kernel().row_permutation(piv.float())

@@ -480,3 +480,17 @@ def lstsq(A: torch.Tensor, B: torch.Tensor, *, rtol: float | None = None,
              m, n, k, rtol), {"MP": MP, "NP": NP, "KP": KP}, config, MP * max(NP, KP))
     return x, info
 # --8<-- [end:lstsq]
+
+
+def row_permutation(pivots: torch.Tensor) -> torch.Tensor:
+    """perm [B, n] with (P A)[i] = A[perm[i]], from lu_factor's 1-based sequential pivots [B, n]
+    (the row swaps replayed in order, as LAPACK's ?laswp applies them)."""
+    check_tensor("pivots", pivots, dtypes=(torch.int32, torch.int64), ndim=2)
+    batch, n = pivots.shape
+    perm = torch.arange(n, device=pivots.device).repeat(batch, 1)
+    idx = torch.arange(batch, device=pivots.device)
+    for k in range(n):
+        p = pivots[:, k].long() - 1
+        pk, pp = perm[:, k].clone(), perm[idx, p].clone()
+        perm[:, k], perm[idx, p] = pp, pk
+    return perm
