@@ -41,11 +41,29 @@ def _stream_load(ptrs, mask):
 # --8<-- [end:stream_load]
 
 
+# --8<-- [start:split_fn_kernel]
+@triton.jit
+def _mhc_split_fn_kernel(fn_ptr, w_ptr, n, BLOCK: tl.constexpr):
+    """fn (fp32) = hi + lo, two bf16 parts: w[0] = hi, w[1] = lo, each laid out as fn.
+
+    bf16 x bf16 products are exact in the MMA's fp32 accumulator, so two bf16 MMAs carry fn
+    to 2^-16 relative, where one TF32 MMA would round it to 2^-11. Split once per call, not in
+    every tile of the projection: there it would cost more instructions than the MMAs.
+    """
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    w = tl.load(fn_ptr + offs, mask=mask, other=0.0)
+    hi = _round_bf16(w)
+    tl.store(w_ptr + offs, hi.to(tl.bfloat16), mask=mask)  # exact: hi is a bf16 value
+    tl.store(w_ptr + n + offs, _round_bf16(w - hi).to(tl.bfloat16), mask=mask)
+# --8<-- [end:split_fn_kernel]
+
+
 # --8<-- [start:project_kernel]
 @triton.jit
 def _mhc_project_kernel(
     x_ptr,  # *bf16 [T, K]: the residual [T, 4, H] read flat, K = 4H
-    fn_ptr,  # *fp32 [24, K]: W^fused transposed
+    w_ptr,  # *bf16 [2, 24, K]: W^fused transposed as hi + lo parts (_mhc_split_fn_kernel)
     dot_ptr,  # *fp32 [S, T, 24] out: partial x @ fn^T of each K-split
     sq_ptr,  # *fp32 [S, T] out: partial sum of x^2 of each K-split
     T, K, K_SPLIT,  # tokens, 4H, K columns per split (a multiple of BLOCK_K)
@@ -63,31 +81,29 @@ def _mhc_project_kernel(
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
 
     acc = tl.zeros((BLOCK_T, 32), dtype=tl.float32)
-    sq = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    sq = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)  # summed across k once, at the end
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < k_hi
         x = tl.load(x_ptr + offs_t[:, None] * K + offs_k[None, :],
                     mask=mask_t[:, None] & mask_k[None, :], other=0.0)  # bf16 [BT, BK]
-        w = tl.load(fn_ptr + offs_n[None, :] * K + offs_k[:, None],
-                    mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # fp32 [BK, 32], from L2
-        # fn = hi + lo in two bf16 parts: bf16 x bf16 products are exact in the fp32 accumulator,
-        # so two bf16 MMAs give fn to 2^-16 relative, where one TF32 MMA would round it to 2^-11
-        w_hi = _round_bf16(w)
-        w_lo = _round_bf16(w - w_hi)
+        w = w_ptr + offs_n[None, :] * K + offs_k[:, None]  # [BK, 32], from L2
+        w_mask = mask_k[:, None] & mask_n[None, :]
+        w_hi = tl.load(w, mask=w_mask, other=0.0)
+        w_lo = tl.load(w + 24 * K, mask=w_mask, other=0.0)
         if MMA_BF16:
-            acc = tl.dot(x, w_hi.to(tl.bfloat16), acc)
-            acc = tl.dot(x, w_lo.to(tl.bfloat16), acc)
+            acc = tl.dot(x, w_hi, acc)
+            acc = tl.dot(x, w_lo, acc)
         else:  # Triton 3.9's interpreter multiplies bf16 tensors' raw bits: same values in fp32
-            acc = tl.dot(x.to(tl.float32), w_hi, acc)
-            acc = tl.dot(x.to(tl.float32), w_lo, acc)
+            acc = tl.dot(x.to(tl.float32), w_hi.to(tl.float32), acc)
+            acc = tl.dot(x.to(tl.float32), w_lo.to(tl.float32), acc)
         xf = x.to(tl.float32)
-        sq += tl.sum(xf * xf, axis=1)
+        sq += xf * xf
 
     row = pid_s * T + offs_t  # [BT], int64
     tl.store(dot_ptr + row[:, None] * 24 + offs_n[None, :], acc,
              mask=mask_t[:, None] & mask_n[None, :])
-    tl.store(sq_ptr + row, sq, mask=mask_t)
+    tl.store(sq_ptr + row, tl.sum(sq, axis=1), mask=mask_t)
 # --8<-- [end:project_kernel]
 
 
@@ -148,6 +164,15 @@ def _post_and_comb(dot_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, offs_t, mas
 
 # --8<-- [start:fuse_kernel]
 @triton.jit
+def _rstd(sq_ptr, offs_t, mask_t, T, S, S_MAX: tl.constexpr, inv_k, rms_eps):
+    """1 / RMS(vec X_l) for BLOCK_T tokens from the S split partials of sum x^2."""
+    sq = tl.load(sq_ptr + offs_t, mask=mask_t, other=0.0)
+    for s in tl.static_range(1, S_MAX):
+        sq += tl.load(sq_ptr + s * T + offs_t, mask=mask_t & (offs_t * 0 + s < S), other=0.0)
+    return 1.0 / tl.sqrt(sq * inv_k + rms_eps)
+
+
+@triton.jit
 def _mhc_pre_fuse_kernel(
     dot_ptr,  # *fp32 [S, T, 24]: x @ fn^T, un-normalised, in S split partials
     sq_ptr,  # *fp32 [S, T]: sum of x^2, in S split partials
@@ -161,46 +186,52 @@ def _mhc_pre_fuse_kernel(
     inv_k, rms_eps, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters,
     S_MAX: tl.constexpr,  # a power of two >= S: the split loops are unrolled to it
     REVERSE: tl.constexpr,  # walk tokens last to first (to meet the projection's L2 tail)
-    BLOCK_T: tl.constexpr,  # tokens per program
-    BLOCK_H: tl.constexpr,  # hidden columns per program
+    META_T: tl.constexpr,  # tokens per metadata program (C_l and Sinkhorn)
+    BLOCK_T: tl.constexpr,  # tokens per streaming program
+    BLOCK_H: tl.constexpr,  # hidden columns per streaming program
 ):
-    n_h = tl.cdiv(H, BLOCK_H)
+    # Two kinds of program in one launch. The first cdiv(T, META_T) compute C_l and B_l for
+    # META_T tokens each: Sinkhorn is 40 dependent normalisations of 4 x 4 numbers, so it gets
+    # programs wide in tokens, not a streaming program's thin token tile. The rest stream the
+    # residual and need only A_l, which they compute themselves (four sigmoids a token).
+    n_meta = tl.cdiv(T, META_T)
     pid = tl.program_id(0)
-    pid_h = pid % n_h  # neighbouring programs share tokens: their mixes load from L1/L2
-    pid_t = pid // n_h
-    if REVERSE:
-        pid_t = tl.cdiv(T, BLOCK_T) - 1 - pid_t
-    offs_t = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
-    mask_t = offs_t < T
-
-    # the residual loads first: they depend on nothing, so they are in flight while the gates
-    # below wait for dot_mix (the first real dependency is the FMA, not the load)
-    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask = mask_t[:, None] & (offs_h < H)[None, :]
-    x = res_ptr + offs_t[:, None] * (4 * H) + offs_h[None, :]  # stream j at + j * H
-    x0 = _stream_load(x, mask)
-    x1 = _stream_load(x + H, mask)
-    x2 = _stream_load(x + 2 * H, mask)
-    x3 = _stream_load(x + 3 * H, mask)
-
-    sq = tl.load(sq_ptr + offs_t, mask=mask_t, other=0.0)
-    for s in tl.static_range(1, S_MAX):
-        sq += tl.load(sq_ptr + s * T + offs_t, mask=mask_t & (offs_t * 0 + s < S), other=0.0)
-    rstd = 1.0 / tl.sqrt(sq * inv_k + rms_eps)  # 1 / RMS(vec X_l)   [BT]
-    # the only coefficients the bandwidth-bound part needs: A_l
-    scale0 = tl.load(scale_ptr)
-    p0 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 0, rstd, scale0, pre_eps)
-    p1 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 1, rstd, scale0, pre_eps)
-    p2 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 2, rstd, scale0, pre_eps)
-    p3 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 3, rstd, scale0, pre_eps)
-
-    acc = p0[:, None] * x0 + p1[:, None] * x1 + p2[:, None] * x2 + p3[:, None] * x3  # j = 0..3
-    tl.store(li_ptr + offs_t[:, None] * H + offs_h[None, :], _round_bf16(acc).to(tl.bfloat16),
-             mask=mask)
-
-    if pid_h == 0:  # one program per token block writes C_l and B_l
-        _post_and_comb(dot_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, offs_t, mask_t, rstd,
+    if pid < n_meta:
+        # (names differ from the other branch's: Triton types a name once across both)
+        tok = (pid * META_T + tl.arange(0, META_T)).to(tl.int64)
+        live = tok < T
+        r = _rstd(sq_ptr, tok, live, T, S, S_MAX, inv_k, rms_eps)
+        _post_and_comb(dot_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, tok, live, r,
                        T, S, S_MAX, sinkhorn_eps, post_mult, sinkhorn_iters)
+    else:
+        n_h = tl.cdiv(H, BLOCK_H)
+        pid_h = (pid - n_meta) % n_h  # neighbouring programs share tokens: mixes hit L1/L2
+        pid_t = (pid - n_meta) // n_h
+        if REVERSE:
+            pid_t = tl.cdiv(T, BLOCK_T) - 1 - pid_t
+        offs_t = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+        mask_t = offs_t < T
+
+        # the residual loads first: they depend on nothing, so they are in flight while the
+        # gates below wait for dot_mix (the first real dependency is the FMA, not the load)
+        offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask = mask_t[:, None] & (offs_h < H)[None, :]
+        x = res_ptr + offs_t[:, None] * (4 * H) + offs_h[None, :]  # stream j at + j * H
+        x0 = _stream_load(x, mask)
+        x1 = _stream_load(x + H, mask)
+        x2 = _stream_load(x + 2 * H, mask)
+        x3 = _stream_load(x + 3 * H, mask)
+
+        rstd = _rstd(sq_ptr, offs_t, mask_t, T, S, S_MAX, inv_k, rms_eps)  # [BT]
+        scale0 = tl.load(scale_ptr)
+        p0 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 0, rstd, scale0, pre_eps)
+        p1 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 1, rstd, scale0, pre_eps)
+        p2 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 2, rstd, scale0, pre_eps)
+        p3 = _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 3, rstd, scale0, pre_eps)
+
+        acc = p0[:, None] * x0 + p1[:, None] * x1 + p2[:, None] * x2 + p3[:, None] * x3
+        tl.store(li_ptr + offs_t[:, None] * H + offs_h[None, :],
+                 _round_bf16(acc).to(tl.bfloat16), mask=mask)
 # --8<-- [end:fuse_kernel]
 
 
@@ -244,19 +275,23 @@ def _mhc_post_kernel(
 
 
 # --8<-- [start:configs]
-# The streaming kernels, (BLOCK_T, BLOCK_H, num_warps): 1024 or 2048 elements per stream and
-# program, 8 or 16 bf16 (16 or 32 B) per thread and stream, four streams in flight per thread;
-# BLOCK_T = 1 gives small T the most programs. Kept to two: each one compiles per variant.
+# The streaming kernels, (BLOCK_T, BLOCK_H, num_warps): 512 to 2048 elements per stream and
+# program, 4 to 16 bf16 per thread and stream, four streams in flight per thread; BLOCK_T = 1
+# gives small T the most programs. Which wins depends on H (on the H200 at T = 8192, 1 x 512
+# for H = 4096, all alike for H = 7168): three candidates, each compiled per variant.
 STREAM_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_H": h}, num_warps=w)
-                  for t, h, w in ((1, 1024, 4), (2, 1024, 4))]
+                  for t, h, w in ((1, 512, 4), (1, 1024, 4), (2, 1024, 4))]
 # The projection: M = 64 or 128 tokens per MMA, fn tiles stream from L2 beside the residual.
 PROJECT_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_K": k}, num_warps=w, num_stages=s)
-                   for t, k, w, s in ((64, 128, 4, 4), (128, 64, 8, 4))]
+                   for t, k, w, s in ((64, 128, 4, 3), (128, 64, 8, 4))]
 K_SPLIT_ALIGN = 256  # split boundaries on multiples of every BLOCK_K, so S is config-free
 MAX_SPLITS = 16  # the big-fuse kernel unrolls its split sums: keep S (and its code) small
 # Under the interpreter there is nothing to tune: one small fixed configuration.
 INTERPRETER_CONFIG = {"project": {"BLOCK_T": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
                       "fuse": {"BLOCK_T": 4, "BLOCK_H": 64, "num_warps": 4}}
+# Tokens per metadata program: one [META_T, 4, 4] Sinkhorn tile (8 numbers a thread at 4 warps);
+# the interpreter's is small so that its tests' T = 5 and 33 leave a masked tail.
+META_T = {"cuda": 64, "cpu": 16}
 
 _project_tuned = triton.autotune(PROJECT_CONFIGS, key=["K", "T"])(_mhc_project_kernel)
 _fuse_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T", "S"])(_mhc_pre_fuse_kernel)
@@ -307,13 +342,16 @@ def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps
     args = (dot_mix, sqrsum, residual, scale, base, layer_input, post_mix, comb_mix, T, H, S,
             1.0 / (N_HC * H), float(rms_eps), float(pre_eps), float(sinkhorn_eps),
             float(post_mult), int(sinkhorn_iters))
-    grid = lambda m: (triton.cdiv(T, m["BLOCK_T"]) * triton.cdiv(H, m["BLOCK_H"]),)  # noqa: E731
+    meta_t = META_T["cuda" if residual.device.type == "cuda" else "cpu"]
+    n_meta = triton.cdiv(T, meta_t)
+    grid = lambda m: (n_meta + triton.cdiv(T, m["BLOCK_T"]) * triton.cdiv(H, m["BLOCK_H"]),)  # noqa: E731
     s_max = triton.next_power_of_2(S)
+    fixed = dict(S_MAX=s_max, REVERSE=reverse, META_T=meta_t)
     if config is None:
-        _fuse_tuned[grid](*args, S_MAX=s_max, REVERSE=reverse)
+        _fuse_tuned[grid](*args, **fixed)
     else:
         cfg = dict(config)
-        _mhc_pre_fuse_kernel[grid(cfg)](*args, S_MAX=s_max, REVERSE=reverse, **cfg)
+        _mhc_pre_fuse_kernel[grid(cfg)](*args, **fixed, **cfg)
     return layer_input, post_mix, comb_mix
 
 
@@ -324,8 +362,8 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
 
     DeepSeek-V4 (report eqs. 1-7) with the paper's reordering (Xie et al. 2025,
     arXiv:2512.24880, sec. 4.3.1): the projection runs on the un-normalised residual and is
-    divided by the RMS afterwards. Two kernels: a split-K projection that reads the residual
-    once and writes ``dot_mix`` [S, T, 24] and ``sqrsum`` [S, T], then the big-fuse kernel
+    divided by the RMS afterwards. Three launches: fn split into bf16 hi + lo parts, a split-K
+    projection that reads the residual once and writes ``dot_mix`` [S, T, 24] and ``sqrsum`` [S, T], then the big-fuse kernel
     (see :func:`mhc_pre_from_mixes`).
 
     Args:
@@ -356,18 +394,20 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
     if tuple(fn.shape) != (N_MIX, K):
         raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
     if num_splits is None:
-        # ~8 programs per SM (64-token blocks): many short programs keep the last wave's idle
-        # SMs few, whatever the occupancy; a power of two, so no split load is masked off
-        programs = triton.cdiv(8 * _sm_count(residual.device), triton.cdiv(T, 64))
-        want = triton.next_power_of_2(programs)
+        # ~2 programs per SM (64-token blocks): long K loops keep the load pipeline full, and
+        # few splits keep the partials that the big-fuse kernel sums few (H200 sweep at
+        # T = 8192: 2 splits 81 us, 16 splits 92 us for H = 4096)
+        want = 2 * _sm_count(residual.device) // triton.cdiv(T, 64)
         num_splits = max(1, min(want, triton.cdiv(K, K_SPLIT_ALIGN), MAX_SPLITS))
     if not (isinstance(num_splits, int) and num_splits >= 1):
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
     k_split = triton.cdiv(triton.cdiv(K, num_splits), K_SPLIT_ALIGN) * K_SPLIT_ALIGN
     S = triton.cdiv(K, k_split)  # every split non-empty
+    w = torch.empty((2, N_MIX, K), dtype=torch.bfloat16, device=residual.device)
+    _mhc_split_fn_kernel[(triton.cdiv(N_MIX * K, 4096),)](fn, w, N_MIX * K, BLOCK=4096)
     dot_mix = torch.empty((S, T, N_MIX), dtype=torch.float32, device=residual.device)
     sqrsum = torch.empty((S, T), dtype=torch.float32, device=residual.device)
-    args = (residual, fn, dot_mix, sqrsum, T, K, k_split)
+    args = (residual, w, dot_mix, sqrsum, T, K, k_split)
     grid = lambda meta: (S, triton.cdiv(T, meta["BLOCK_T"]))  # noqa: E731
     mma_bf16 = residual.device.type == "cuda"
     if config is None:
@@ -386,7 +426,8 @@ def mhc_pre_from_mixes(dot_mix, sqrsum, residual, scale, base, *, rms_eps=1e-6, 
 
     rstd = 1/sqrt(sum_s sqrsum[s] / (4H) + rms_eps); mixes = (sum_s dot_mix[s]) * rstd; then
     pre/post gates, Sinkhorn and layer_input as :func:`mhc_pre`. One program per
-    (BLOCK_T tokens, BLOCK_H columns); the programs of the first H-chunk also run Sinkhorn.
+    (BLOCK_T tokens, BLOCK_H columns), after one metadata program (post gates and Sinkhorn) per
+    META_T tokens.
 
     Args:
         dot_mix: x @ fn^T of the un-normalised flat residual, [T, 24] or split-K [S, T, 24],
