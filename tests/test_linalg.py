@@ -210,7 +210,7 @@ def test_flop_counts_match_formulas():
 # ---------------------------------------------------------------------------------------------
 # Triton kernels (fp32)
 
-@pytest.mark.parametrize("n", [1, 5, 16, 17])
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 32, 33])  # 32: the last row-per-lane size
 def test_lu_factor(n):
     K = _kernel()
     batch = size(3, 4096)
@@ -412,7 +412,8 @@ def test_refuses_cpu_tensors_on_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op,shape", [("lu", (4096, 64, 64)), ("qr", (256, 256, 64)),
+@pytest.mark.parametrize("op,shape", [("lu", (4096, 64, 64)), ("lu", (16384, 32, 32)),
+                                      ("lu", (65536, 16, 16)), ("qr", (256, 256, 64)),
                                       ("qr", (65536, 16, 16)), ("lstsq", (65536, 64, 16))])
 def test_full_size_autotuned(op, shape):
     """The issue's sizes through the autotuned path (config=None)."""

@@ -105,6 +105,73 @@ def _lu_factor_kernel(
 # --8<-- [end:lu_kernel]
 
 
+# --8<-- [start:lu_rows_kernel]
+@triton.jit
+def _row_ptrs(ptr, n, B, mat, row, NP: tl.constexpr, V: tl.constexpr):
+    """Pointers and mask, [NP/V, V, MATS, NP], to element (column j, matrix s, lane i) of row
+    row[s, i]. The column offset is multiplied by a 1 the compiler cannot see through, so only V
+    neighbouring columns look contiguous: Triton then lays each matrix row along its own lane
+    (V-wide vector loads) instead of spreading a row across lanes."""
+    jb = tl.arange(0, NP // V)[:, None, None, None]
+    jv = tl.arange(0, V)[None, :, None, None]
+    s4 = mat[None, None, :, None]
+    i4 = tl.arange(0, NP)[None, None, None, :]
+    one = (B > 0).to(tl.int32)  # == 1 at run time, unknown at compile time
+    ptrs = ptr + s4.to(tl.int64) * n * n + row[None, None, :, :] * n + jb * V * one + jv
+    return ptrs, (s4 < B) & (i4 < n) & (jb * V + jv < n)
+
+
+@triton.jit
+def _lu_factor_rows_kernel(
+    a_ptr, lu_ptr, piv_ptr, info_ptr, n, B,  # as _lu_factor_kernel
+    NP: tl.constexpr,  # tile size, a power of two <= 32: one lane per row
+    MATS: tl.constexpr,  # matrices per program
+):
+    # The tile is T[j, s, i] = A_s[i, j]: lane i holds row i of matrix s, its NP columns in
+    # registers. With k a compile-time constant (the loop is unrolled), column k is register k
+    # of every lane: no reduction at all. The pivot search is a warp reduction, and the pivot
+    # row reaches every lane by one shuffle per column (tl.gather along the lanes).
+    V: tl.constexpr = 4 if NP >= 4 else NP
+    mat = tl.program_id(0) * MATS + tl.arange(0, MATS)  # [MATS]
+    i2 = tl.arange(0, NP)[None, :]  # row: the lane            [1, NP]
+    j3 = tl.arange(0, NP)[:, None, None]  # column: the register  [NP, 1, 1]
+    lanes = tl.broadcast_to(i2, [MATS, NP])
+    ptrs, mask = _row_ptrs(a_ptr, n, B, mat, lanes, NP, V)
+    T = tl.reshape(tl.load(ptrs, mask=mask, other=0.0), [NP, MATS, NP])
+    loc = tl.broadcast_to(tl.where(i2 < n, i2, -1), [MATS, NP])  # as in _lu_factor_kernel
+    piv = tl.zeros([MATS, NP], dtype=tl.int32)  # piv[s, k] in lane k
+    info = tl.zeros([MATS, NP], dtype=tl.int32)  # the same in every lane of a matrix
+    for k in tl.static_range(NP):
+        if k < n:
+            col = tl.sum(tl.where(j3 == k, T, -0.0), axis=0)  # register k: column k  [MATS, NP]
+            mag = tl.minimum(tl.abs(col).to(tl.int32, bitcast=True), 0x7F800000)  # NaN -> inf
+            mag = tl.where(loc >= k, mag, -1)
+            big = tl.max(mag, axis=1)  # |U_kk| (as bits)                       [MATS]
+            # the first largest in LAPACK's row order; the key also names the pivot's lane
+            key = tl.min(tl.where(mag == big[:, None], loc * NP + i2, NP * NP), axis=1)
+            key = key.to(tl.uint32, bitcast=True)  # >= 0: divisions become shifts
+            j = (key // NP).to(tl.int32)  # the pivot row's position in LAPACK's order
+            lane = (key % NP).to(tl.int32)  # and the lane that holds it
+            is_p = i2 == lane[:, None]
+            u = tl.gather(T, tl.broadcast_to(lane[None, :, None], [NP, MATS, NP]), axis=2)
+            pivot = tl.sum(tl.where(j3 == k, u, -0.0), axis=0)  # U_kk, in every lane
+            loc = tl.where(is_p, k, tl.where(loc == k, j[:, None], loc))  # swap k and j
+            nonzero = pivot != 0.0  # a zero pivot leaves its column unscaled (as getrf)
+            inv = tl.where(nonzero, 1.0 / tl.where(nonzero, pivot, 1.0), 0.0)
+            info = tl.where((info == 0) & ~nonzero, k + 1, info)
+            m = tl.where(loc > k, col * inv, 0.0)  # multipliers m_ik          [MATS, NP]
+            # right of k the rank-1 update, column k the multipliers, left of k untouched
+            T = tl.where(j3 > k, T - m[None, :, :] * u,
+                         tl.where((j3 == k) & (loc > k)[None, :, :], m[None, :, :], T))
+            piv = tl.where(i2 == k, j[:, None], piv)
+    ptrs, mask = _row_ptrs(lu_ptr, n, B, mat, loc, NP, V)  # row i -> row loc[i]
+    tl.store(ptrs, tl.reshape(T, [NP // V, V, MATS, NP]), mask=mask)
+    live = mat[:, None] < B
+    tl.store(piv_ptr + mat.to(tl.int64)[:, None] * n + i2, piv + 1, mask=live & (i2 < n))
+    tl.store(info_ptr + mat, tl.max(info, axis=1), mask=mat < B)
+# --8<-- [end:lu_rows_kernel]
+
+
 # --8<-- [start:lu_solve_kernel]
 @triton.jit
 def _lu_solve_kernel(
@@ -302,22 +369,13 @@ def _out(name: str, given, shape: tuple, dtype, device) -> torch.Tensor:
 
 
 # --8<-- [start:lu_factor]
-# LU also tunes MATS, the matrices per program: at n <= 32 a matrix is a few registers per thread,
-# and a program with several gives each its own lanes, so a reduction covers more than one matrix
-# at once. MATS = 1 with 1 to 16 warps is the one-matrix-per-program kernel, pruned as above.
-LU_CONFIGS = [triton.Config({"MATS": s}, num_warps=w) for s, w in (
-    (1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (2, 1), (4, 1), (4, 2), (4, 4))]
-
-
-def _lu_prune(configs, named_args, **kwargs):
-    kept = _prune([c for c in configs if c.kwargs["MATS"] == 1], named_args, **kwargs)
-    tile = kwargs["NP"] ** 2
-    return kept + [c for c in configs if c.kwargs["MATS"] > 1 and tile <= 32 * 32
-                   and 4 <= c.kwargs["MATS"] * tile // (32 * c.num_warps) <= 32]
-
-
+# n <= 32 goes to the row-per-lane kernel, one warp per 32 rows: a 32 x 32 matrix per warp, two
+# 16 x 16 ones, and so on (on the H200 the fastest of MATS 1, 2, 4 at n = 16 and 32). Larger n
+# goes to the whole-tile kernel, whose warps the autotuner picks as for QR.
+ROWS_MAX_N = 32
+LU_CONFIGS = [triton.Config({"MATS": 1}, num_warps=w) for w in (1, 2, 4, 8, 16)]
 _lu_factor_tuned = triton.autotune(
-    LU_CONFIGS, key=["n"], prune_configs_by={"early_config_prune": _lu_prune})(_lu_factor_kernel)
+    LU_CONFIGS, key=["n"], prune_configs_by={"early_config_prune": _prune})(_lu_factor_kernel)
 
 
 def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None):
@@ -328,8 +386,8 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
 
     Args:
         A: [..., n, n] float32, 1 <= n <= 64; CUDA (CPU under the Triton interpreter).
-        config: a ``triton.Config`` (num_warps, and MATS: matrices per program, default 1) or
-            None to autotune on the GPU.
+        config: a ``triton.Config`` (num_warps, and MATS: matrices per program) or None: for
+            n <= 32 one warp per 32 rows, for larger n autotuned warps on the GPU.
         out: optional (LU, pivots, info) tensors to write into.
     Returns:
         LU: [..., n, n] float32, U on and above the diagonal, the multipliers of L below it.
@@ -348,11 +406,19 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
     piv = _out("pivots", piv, (*batch, n), torch.int32, A.device)
     info = _out("info", info, tuple(batch), torch.int32, A.device)
     NP, B = _pow2(n), a.shape[0]
+    args = (a, lu, piv, info, n, B)
+    if n <= ROWS_MAX_N:
+        config = config or triton.Config({"MATS": max(1, 32 // NP)}, num_warps=1)
+        if B > 0:
+            mats = config.kwargs.get("MATS", 1)
+            _lu_factor_rows_kernel[(triton.cdiv(B, mats),)](*args, NP=NP, MATS=mats,
+                                                            num_warps=config.num_warps)
+        return lu, piv, info
     if config is not None or interpreted(_lu_factor_kernel):  # a fixed launch: MATS 1 unless set
         config = config or _default_config(NP * NP)
         config = triton.Config({"MATS": 1, **config.kwargs}, num_warps=config.num_warps)
     _launch(_lu_factor_kernel, _lu_factor_tuned, lambda meta: (triton.cdiv(B, meta["MATS"]),),
-            (a, lu, piv, info, n, B), {"NP": NP}, config, NP * NP, B)
+            args, {"NP": NP}, config, NP * NP, B)
     return lu, piv, info
 # --8<-- [end:lu_factor]
 
