@@ -340,17 +340,3 @@ def test_streaming_kernels_run_near_the_memory_roofline():
         gbs = T * bytes_per_token(op, H) / (ms * 1e-3) / 1e9
         assert gbs > 0.5 * copy, (op, gbs, copy)
 
-
-@pytest.mark.parametrize("chunk", [1, 7, 64])
-def test_chunked_pre_matches_one_chunk(chunk):
-    """mhc_pre in chunks of tokens (tails included) gives what one chunk gives. Not bit for bit:
-    a token's row sits at another position of the MMA tile, and the interpreter's BLAS may sum
-    each position in its own order."""
-    residual, fn, scale, base = make_inputs(33, 72, seed=5)
-    whole = mhc_pre(residual, fn, scale, base, config=PRE_CFG, num_splits=2, chunk_tokens=33)
-    got = mhc_pre(residual, fn, scale, base, config=PRE_CFG, num_splits=2, chunk_tokens=chunk)
-    assert all(not torch.isnan(g).any() for g in got)
-    assert rel_err(got[0], whole[0]) < TOL_BF16
-    assert rel_err(got[1], whole[1]) < 8 * U32 and rel_err(got[2], whole[2]) < 8 * U32
-    with pytest.raises(ValueError, match="chunk_tokens must be an int >= 1"):
-        mhc_pre(residual, fn, scale, base, config=PRE_CFG, chunk_tokens=0)

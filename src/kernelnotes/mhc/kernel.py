@@ -286,7 +286,6 @@ PROJECT_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_K": k}, num_warps=w, num_
                    for t, k, w, s in ((64, 128, 4, 3), (128, 64, 8, 4))]
 K_SPLIT_ALIGN = 256  # split boundaries on multiples of every BLOCK_K, so S is config-free
 MAX_SPLITS = 16  # the big-fuse kernel unrolls its split sums: keep S (and its code) small
-CHUNK_BYTES = 64 << 20  # mhc_pre works through the residual in chunks of about this many bytes
 # Under the interpreter there is nothing to tune: one small fixed configuration.
 INTERPRETER_CONFIG = {"project": {"BLOCK_T": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
                       "fuse": {"BLOCK_T": 4, "BLOCK_H": 64, "num_warps": 4}}
@@ -362,14 +361,14 @@ def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps
 
 # --8<-- [start:launchers]
 def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6,
-            post_mult=2.0, sinkhorn_iters=20, num_splits=None, chunk_tokens=None, config=None):
+            post_mult=2.0, sinkhorn_iters=20, num_splits=None, config=None):
     """The whole mHC pre step: RMS, the 24-wide projection, gates, Sinkhorn and A_l X_l.
 
     DeepSeek-V4 (report eqs. 1-7) with the paper's reordering (Xie et al. 2025,
     arXiv:2512.24880, sec. 4.3.1): the projection runs on the un-normalised residual and is
-    divided by the RMS afterwards. fn is split into bf16 hi + lo parts; then, chunk by chunk of
-    tokens, a split-K projection reads the residual and writes ``dot_mix`` [S, T, 24] and
-    ``sqrsum`` [S, T], and the big-fuse kernel (see :func:`mhc_pre_from_mixes`) follows.
+    divided by the RMS afterwards. Three launches: fn split into bf16 hi + lo parts, a split-K
+    projection that reads the residual once and writes ``dot_mix`` [S, T, 24] and
+    ``sqrsum`` [S, T], then the big-fuse kernel (see :func:`mhc_pre_from_mixes`).
 
     Args:
         residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1, any H.
@@ -380,8 +379,6 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
         post_mult: C_l = post_mult * sigmoid(.) (DeepSeek-V4: 2.0; FlashInfer's default 1.0).
         sinkhorn_iters: row + column normalisations (DeepSeek-V4: 20).
         num_splits: K-splits of the projection (default: enough programs to fill the GPU).
-        chunk_tokens: tokens per projection + big-fuse pair (default: about CHUNK_BYTES of
-            residual, so that the second read of a chunk finds much of it in L2).
         config: None (autotune on a GPU; a small fixed one under the interpreter) or
             ``{"project": {...}, "fuse": {...}}`` with
             ``project`` keys BLOCK_T, BLOCK_K (dividing 256), num_warps, num_stages and
@@ -402,26 +399,17 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
         raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
     if not (num_splits is None or (isinstance(num_splits, int) and num_splits >= 1)):
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    if chunk_tokens is None:
-        chunk_tokens = max(64, CHUNK_BYTES // (2 * K) // 64 * 64)
-    if not (isinstance(chunk_tokens, int) and chunk_tokens >= 1):
-        raise ValueError(f"chunk_tokens must be an int >= 1, got {chunk_tokens!r}")
     w = torch.empty((2, N_MIX, K), dtype=torch.bfloat16, device=residual.device)
     _mhc_split_fn_kernel[(triton.cdiv(N_MIX * K, 4096),)](fn, w, N_MIX * K, BLOCK=4096)
-    out = _outputs(T, H, residual.device)
-    # Chunks of tokens, projection then big-fuse each: the fuse kernel re-reads a chunk the
-    # projection has just read, and walks it backwards, so that the part still in L2 is read first
-    for t0 in range(0, T, chunk_tokens):
-        t1 = min(T, t0 + chunk_tokens)
-        dot_mix, sqrsum = _project(residual[t0:t1], w, num_splits, config)
-        _fuse(dot_mix, sqrsum, residual[t0:t1], scale, base, rms_eps, pre_eps, sinkhorn_eps,
-              post_mult, sinkhorn_iters, None if config is None else config["fuse"],
-              reverse=True, out=tuple(o[t0:t1] for o in out))
-    return out
+    dot_mix, sqrsum = _project(residual, w, num_splits, config)
+    # the fuse kernel walks the tokens backwards: the projection's last tokens may still be in L2
+    return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
+                 post_mult, sinkhorn_iters, None if config is None else config["fuse"],
+                 reverse=True)
 
 
 def _project(residual, w, num_splits, config):
-    """dot_mix [S, T, 24] and sqrsum [S, T] of one chunk of tokens (split-K projection)."""
+    """dot_mix [S, T, 24] and sqrsum [S, T] by the split-K projection."""
     T, _, H = residual.shape
     K = N_HC * H
     if num_splits is None:
