@@ -199,6 +199,9 @@ CASES = [
     (1, 2, 2, 1, 17, 16, True, torch.bfloat16),
     (1, 1, 1, 70, 33, 96, False, torch.float16),
     (1, 2, 1, 5, 1, 16, True, torch.bfloat16),  # Nk = 1: 4 of 5 rows see nothing
+    # D = 128: the TMA-pipelined forward (tails that run into the next head's rows)
+    (1, 4, 2, 70, 33, 128, True, torch.bfloat16),
+    (2, 2, 2, 17, 40, 128, False, torch.float16),
 ]
 GPU_CASES = [
     (2, 4, 2, 1000, 1000, 128, True, torch.bfloat16),
@@ -292,6 +295,10 @@ def test_outputs_fully_written(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison_(real_empty_like(*a, **kw)))
     q, k, v, do = _inputs(1, 3, 1, 37, 29, 40, torch.bfloat16)
     o, lse = kernel.flash_attn_fwd(q, k, v, causal=False, config=_configs(q.shape[-1])[0])
+    q128, k128, v128, _ = _inputs(1, 3, 1, 37, 29, 128, torch.bfloat16)  # the TMA forward
+    for t in kernel.flash_attn_fwd(q128, k128, v128, causal=True,
+                                   config=_configs(128)[0]):
+        assert not torch.isnan(t).any()
     for deterministic in (True, False):
         dq, dk, dv = kernel.flash_attn_bwd(do, q, k, v, o, lse, causal=False,
                                            config=_configs(q.shape[-1])[1],
@@ -313,6 +320,11 @@ def test_strides_and_determinism():
     assert strided.stride(-1) != 1
     assert torch.equal(kernel.flash_attn_fwd(strided, k, v, causal=True,
                                              config=_configs(q.shape[-1])[0])[0], o1)
+    q, k, v, _ = _inputs(2, 2, 2, 23, 23, 128, torch.float16)  # the TMA forward copies views
+    views128 = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    assert torch.equal(kernel.flash_attn_fwd(q, k, v, config=_configs(128)[0])[0],
+                       kernel.flash_attn_fwd(*views128, config=_configs(128)[0])[0])
+    q, k, v, do = _inputs(2, 2, 2, 23, 23, 16, torch.float16)
     g1 = kernel.flash_attn_bwd(do, *views, o2, lse, causal=True, config=_configs(q.shape[-1])[1])
     g2 = kernel.flash_attn_bwd(do, q, k, v, o1, lse, causal=True, config=_configs(q.shape[-1])[1])
     for a, b in zip(g1, g2):
