@@ -138,9 +138,37 @@ def _pre_gate(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX: tl.constexpr, j: t
 
 # --8<-- [start:sinkhorn_kernel]
 @triton.jit
+def _softmax4(a, b, c, d, eps):
+    """softmax of one row of 4 logits, + eps (the start of Sinkhorn)."""
+    m = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+    a, b, c, d = tl.exp(a - m), tl.exp(b - m), tl.exp(c - m), tl.exp(d - m)
+    s = a + b + c + d
+    return a / s + eps, b / s + eps, c / s + eps, d / s + eps
+
+
+@triton.jit
+def _normalise4(a, b, c, d, eps):
+    """One row or column of 4 divided by its sum + eps."""
+    s = a + b + c + d + eps
+    return a / s, b / s, c / s, d / s
+
+
+@triton.jit
+def _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX: tl.constexpr, slot: tl.constexpr,
+                rstd, scale2):
+    m = _sum_splits(dot_ptr, offs_t * 24 + slot, mask_t, T, S, S_MAX)
+    return m * rstd * scale2 + tl.load(base_ptr + slot)
+
+
+@triton.jit
 def _post_and_comb(dot_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, offs_t, mask_t, rstd,
                    T, S, S_MAX: tl.constexpr, sinkhorn_eps, post_mult, sinkhorn_iters):
-    """C_l = post_mult sigmoid(.) and comb = Sinkhorn(.) for BLOCK_T tokens, all in registers."""
+    """C_l = post_mult sigmoid(.) and comb = Sinkhorn(.) for BLOCK_T tokens, all in registers.
+
+    comb is 16 per-token values c{j}{k}, each a [BLOCK_T] vector: a thread owns its tokens'
+    whole 4 x 4 matrices, so the 40 normalisations need no exchange between threads (as a
+    [BLOCK_T, 4, 4] tile, each tl.sum would cross lanes and warps, 40 times in a chain).
+    """
     j = tl.arange(0, 4)
     m_post = _sum_splits(dot_ptr, offs_t[:, None] * 24 + 4 + j[None, :], mask_t[:, None], T, S,
                          S_MAX)
@@ -148,17 +176,59 @@ def _post_and_comb(dot_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, offs_t, mas
                                 + tl.load(base_ptr + 4 + j)[None, :])  # [BT, 4]
     tl.store(post_ptr + offs_t[:, None] * 4 + j[None, :], post, mask=mask_t[:, None])
 
-    slot = 8 + j[:, None] * 4 + j[None, :]  # comb[j][k] at 8 + 4j + k   [4, 4]
-    m3 = mask_t[:, None, None]
-    m_comb = _sum_splits(dot_ptr, offs_t[:, None, None] * 24 + slot[None, :, :], m3, T, S, S_MAX)
-    c = m_comb * rstd[:, None, None] * tl.load(scale_ptr + 2) + tl.load(base_ptr + slot)[None]
-    c = tl.exp(c - tl.max(c, axis=2)[:, :, None])  # [BT, 4(j), 4(k)]
-    c = c / tl.sum(c, axis=2)[:, :, None] + sinkhorn_eps  # softmax over k, + eps
-    c = c / (tl.sum(c, axis=1)[:, None, :] + sinkhorn_eps)  # column-normalise (sum over j)
+    a2 = tl.load(scale_ptr + 2)
+    eps = sinkhorn_eps
+    # comb[j][k] at slot 8 + 4j + k; softmax over k (each row j), + eps
+    c00, c01, c02, c03 = _softmax4(
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 8, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 9, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 10, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 11, rstd, a2), eps)
+    c10, c11, c12, c13 = _softmax4(
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 12, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 13, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 14, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 15, rstd, a2), eps)
+    c20, c21, c22, c23 = _softmax4(
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 16, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 17, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 18, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 19, rstd, a2), eps)
+    c30, c31, c32, c33 = _softmax4(
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 20, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 21, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 22, rstd, a2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 23, rstd, a2), eps)
+    c00, c10, c20, c30 = _normalise4(c00, c10, c20, c30, eps)  # column-normalise (sum over j)
+    c01, c11, c21, c31 = _normalise4(c01, c11, c21, c31, eps)
+    c02, c12, c22, c32 = _normalise4(c02, c12, c22, c32, eps)
+    c03, c13, c23, c33 = _normalise4(c03, c13, c23, c33, eps)
     for _ in range(1, sinkhorn_iters):
-        c = c / (tl.sum(c, axis=2)[:, :, None] + sinkhorn_eps)  # row-normalise (sum over k)
-        c = c / (tl.sum(c, axis=1)[:, None, :] + sinkhorn_eps)  # column-normalise
-    tl.store(comb_ptr + offs_t[:, None, None] * 16 + (slot - 8)[None, :, :], c, mask=m3)
+        c00, c01, c02, c03 = _normalise4(c00, c01, c02, c03, eps)  # row-normalise (over k)
+        c10, c11, c12, c13 = _normalise4(c10, c11, c12, c13, eps)
+        c20, c21, c22, c23 = _normalise4(c20, c21, c22, c23, eps)
+        c30, c31, c32, c33 = _normalise4(c30, c31, c32, c33, eps)
+        c00, c10, c20, c30 = _normalise4(c00, c10, c20, c30, eps)  # column-normalise
+        c01, c11, c21, c31 = _normalise4(c01, c11, c21, c31, eps)
+        c02, c12, c22, c32 = _normalise4(c02, c12, c22, c32, eps)
+        c03, c13, c23, c33 = _normalise4(c03, c13, c23, c33, eps)
+    out = comb_ptr + offs_t * 16  # comb[t, j, k] at + 4j + k
+    tl.store(out, c00, mask=mask_t)
+    tl.store(out + 1, c01, mask=mask_t)
+    tl.store(out + 2, c02, mask=mask_t)
+    tl.store(out + 3, c03, mask=mask_t)
+    tl.store(out + 4, c10, mask=mask_t)
+    tl.store(out + 5, c11, mask=mask_t)
+    tl.store(out + 6, c12, mask=mask_t)
+    tl.store(out + 7, c13, mask=mask_t)
+    tl.store(out + 8, c20, mask=mask_t)
+    tl.store(out + 9, c21, mask=mask_t)
+    tl.store(out + 10, c22, mask=mask_t)
+    tl.store(out + 11, c23, mask=mask_t)
+    tl.store(out + 12, c30, mask=mask_t)
+    tl.store(out + 13, c31, mask=mask_t)
+    tl.store(out + 14, c32, mask=mask_t)
+    tl.store(out + 15, c33, mask=mask_t)
 # --8<-- [end:sinkhorn_kernel]
 
 
@@ -289,9 +359,9 @@ MAX_SPLITS = 16  # the big-fuse kernel unrolls its split sums: keep S (and its c
 # Under the interpreter there is nothing to tune: one small fixed configuration.
 INTERPRETER_CONFIG = {"project": {"BLOCK_T": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
                       "fuse": {"BLOCK_T": 4, "BLOCK_H": 64, "num_warps": 4}}
-# Tokens per metadata program: one [META_T, 4, 4] Sinkhorn tile (8 numbers a thread at 4 warps);
-# the interpreter's is small so that its tests' T = 5 and 33 leave a masked tail.
-META_T = {"cuda": 64, "cpu": 16}
+# Tokens per metadata program: one token per thread at 4 warps; the interpreter's is small so
+# that its tests' T = 5 and 33 leave a masked tail.
+META_T = {"cuda": 128, "cpu": 16}
 
 _project_tuned = triton.autotune(PROJECT_CONFIGS, key=["K", "T"])(_mhc_project_kernel)
 _fuse_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T", "S"])(_mhc_pre_fuse_kernel)
