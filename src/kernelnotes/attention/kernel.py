@@ -47,6 +47,24 @@ def _mma(a, b, acc, DOT_FP32: tl.constexpr):
 # --8<-- [end:mma]
 
 
+# --8<-- [start:key_range]
+@triton.jit
+def _key_range(start_m, N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr):
+    """Keys of the query tile start_m .. start_m + BLOCK_M: [0, n_full) in whole tiles that every
+    row sees (no mask), [n_full, hi) the diagonal and the key tail (masked). Causal masks are
+    bottom-right aligned: query i sees key j iff j <= i + Nk - Nq."""
+    causal_off = N_K - N_Q
+    if CAUSAL:
+        n_full = tl.minimum(tl.maximum(start_m + causal_off + 1, 0), N_K)  # seen by every row
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_off, 0), N_K)  # seen by some row
+    else:
+        n_full = N_K
+        hi = N_K
+    return (n_full // BLOCK_N) * BLOCK_N, hi
+# --8<-- [end:key_range]
+
+
 # --8<-- [start:fwd_inner]
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_n, offs_d,
@@ -127,13 +145,7 @@ def _flash_attn_fwd_kernel(
     qk_scale = sm_scale * 1.4426950408889634  # fold log2(e) into σ: exp(x) = exp2(x log2 e)
 
     causal_off = N_K - N_Q  # bottom-right alignment: query i sees key j iff j <= i + Nk - Nq
-    if CAUSAL:
-        n_full = tl.minimum(tl.maximum(start_m + causal_off + 1, 0), N_K)  # seen by every row
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_off, 0), N_K)  # seen by some row
-    else:
-        n_full = N_K
-        hi = N_K
-    n_full = (n_full // BLOCK_N) * BLOCK_N
+    n_full, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     # stage 1: tiles below the diagonal and inside [0, Nk): no mask at all
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                offs_m, offs_n, offs_d, 0, n_full, N_K, causal_off, qk_scale,
@@ -260,13 +272,7 @@ def _flash_attn_fwd_tma_kernel(
     qk_scale = sm_scale * 1.4426950408889634
 
     causal_off = N_K - N_Q
-    if CAUSAL:
-        n_full = tl.minimum(tl.maximum(start_m + causal_off + 1, 0), N_K)
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_off, 0), N_K)
-    else:
-        n_full = N_K
-        hi = N_K
-    n_full = (n_full // BLOCK_N) * BLOCK_N
+    n_full, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_tma_pipelined(acc, l_i, m_i, q, K, V, kv_row0, offs_n, 0, n_full, N_K,
                                        qk_scale, BLOCK_M, BLOCK_N, DOT_FP32)
     acc, l_i, m_i = _fwd_tma_masked(acc, l_i, m_i, q, K, V, kv_row0, offs_m, offs_n, n_full, hi,
@@ -467,13 +473,7 @@ def _flash_attn_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M2, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
     causal_off = N_K - N_Q
-    if CAUSAL:  # the same key range as the forward
-        n_full = tl.minimum(tl.maximum(start_m + causal_off + 1, 0), N_K)
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M2 + causal_off, 0), N_K)
-    else:
-        n_full = N_K
-        hi = N_K
-    n_full = (n_full // BLOCK_N2) * BLOCK_N2
+    n_full, hi = _key_range(start_m, N_Q, N_K, BLOCK_M2, BLOCK_N2, CAUSAL)  # as the forward's
     dq = _bwd_dq_inner(dq, q, do, l2, Di, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
                        0, n_full, N_K, causal_off, qk_scale, False, CAUSAL, HEAD_DIM, BLOCK_N2,
                        DOT_FP32)

@@ -161,6 +161,18 @@ def _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX: tl.constexpr, sl
 
 
 @triton.jit
+def _comb_row(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX: tl.constexpr, j: tl.constexpr,
+              rstd, scale2, eps):
+    """Row j of comb (slots 8 + 4j + k) from the logits: the softmax over k, + eps."""
+    return _softmax4(
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 8 + 4 * j, rstd, scale2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 9 + 4 * j, rstd, scale2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 10 + 4 * j, rstd, scale2),
+        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 11 + 4 * j, rstd, scale2),
+        eps)
+
+
+@triton.jit
 def _post_and_comb(dot_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, offs_t, mask_t, rstd,
                    T, S, S_MAX: tl.constexpr, sinkhorn_eps, post_mult, sinkhorn_iters):
     """C_l = post_mult sigmoid(.) and comb = Sinkhorn(.) for BLOCK_T tokens, all in registers.
@@ -178,27 +190,10 @@ def _post_and_comb(dot_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, offs_t, mas
 
     a2 = tl.load(scale_ptr + 2)
     eps = sinkhorn_eps
-    # comb[j][k] at slot 8 + 4j + k; softmax over k (each row j), + eps
-    c00, c01, c02, c03 = _softmax4(
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 8, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 9, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 10, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 11, rstd, a2), eps)
-    c10, c11, c12, c13 = _softmax4(
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 12, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 13, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 14, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 15, rstd, a2), eps)
-    c20, c21, c22, c23 = _softmax4(
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 16, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 17, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 18, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 19, rstd, a2), eps)
-    c30, c31, c32, c33 = _softmax4(
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 20, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 21, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 22, rstd, a2),
-        _comb_logit(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 23, rstd, a2), eps)
+    c00, c01, c02, c03 = _comb_row(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 0, rstd, a2, eps)
+    c10, c11, c12, c13 = _comb_row(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 1, rstd, a2, eps)
+    c20, c21, c22, c23 = _comb_row(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 2, rstd, a2, eps)
+    c30, c31, c32, c33 = _comb_row(dot_ptr, base_ptr, offs_t, mask_t, T, S, S_MAX, 3, rstd, a2, eps)
     c00, c10, c20, c30 = _normalise4(c00, c10, c20, c30, eps)  # column-normalise (sum over j)
     c01, c11, c21, c31 = _normalise4(c01, c11, c21, c31, eps)
     c02, c12, c22, c32 = _normalise4(c02, c12, c22, c32, eps)
