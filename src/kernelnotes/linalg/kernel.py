@@ -406,19 +406,15 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
     piv = _out("pivots", piv, (*batch, n), torch.int32, A.device)
     info = _out("info", info, tuple(batch), torch.int32, A.device)
     NP, B = _pow2(n), a.shape[0]
-    args = (a, lu, piv, info, n, B)
-    if n <= ROWS_MAX_N:
+    kernel = _lu_factor_kernel
+    if n <= ROWS_MAX_N:  # not tuned: one warp per 32 rows
+        kernel = _lu_factor_rows_kernel
         config = config or triton.Config({"MATS": max(1, 32 // NP)}, num_warps=1)
-        if B > 0:
-            mats = config.kwargs.get("MATS", 1)
-            _lu_factor_rows_kernel[(triton.cdiv(B, mats),)](*args, NP=NP, MATS=mats,
-                                                            num_warps=config.num_warps)
-        return lu, piv, info
-    if config is not None or interpreted(_lu_factor_kernel):  # a fixed launch: MATS 1 unless set
+    if config is not None or interpreted(kernel):  # a fixed launch: MATS 1 unless set
         config = config or _default_config(NP * NP)
         config = triton.Config({"MATS": 1, **config.kwargs}, num_warps=config.num_warps)
-    _launch(_lu_factor_kernel, _lu_factor_tuned, lambda meta: (triton.cdiv(B, meta["MATS"]),),
-            args, {"NP": NP}, config, NP * NP, B)
+    _launch(kernel, _lu_factor_tuned, lambda meta: (triton.cdiv(B, meta["MATS"]),),
+            (a, lu, piv, info, n, B), {"NP": NP}, config, NP * NP, B)
     return lu, piv, info
 # --8<-- [end:lu_factor]
 
