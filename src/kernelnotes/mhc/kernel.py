@@ -395,19 +395,15 @@ def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps):
         raise ValueError(f"sinkhorn_iters must be an int >= 1, got {sinkhorn_iters!r}")
 
 
-def _outputs(T, H, device):
-    return (torch.empty((T, H), dtype=torch.bfloat16, device=device),
-            torch.empty((T, N_HC), dtype=torch.float32, device=device),
-            torch.empty((T, N_HC, N_HC), dtype=torch.float32, device=device))
-
-
 def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
-          sinkhorn_iters, config, reverse, out=None):
+          sinkhorn_iters, config, reverse):
     T, _, H = residual.shape
     S = dot_mix.shape[0]
     if config is None and residual.device.type != "cuda":
         config = INTERPRETER_CONFIG["fuse"]
-    layer_input, post_mix, comb_mix = out if out is not None else _outputs(T, H, residual.device)
+    layer_input = torch.empty((T, H), dtype=torch.bfloat16, device=residual.device)
+    post_mix = torch.empty((T, N_HC), dtype=torch.float32, device=residual.device)
+    comb_mix = torch.empty((T, N_HC, N_HC), dtype=torch.float32, device=residual.device)
     args = (dot_mix, sqrsum, residual, scale, base, layer_input, post_mix, comb_mix, T, H, S,
             1.0 / (N_HC * H), float(rms_eps), float(pre_eps), float(sinkhorn_eps),
             float(post_mult), int(sinkhorn_iters))
