@@ -320,11 +320,10 @@ def test_strides_and_determinism():
     assert strided.stride(-1) != 1
     assert torch.equal(kernel.flash_attn_fwd(strided, k, v, causal=True,
                                              config=_configs(q.shape[-1])[0])[0], o1)
-    q, k, v, _ = _inputs(2, 2, 2, 23, 23, 128, torch.float16)  # the TMA forward copies views
-    views128 = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
-    assert torch.equal(kernel.flash_attn_fwd(q, k, v, config=_configs(128)[0])[0],
+    qkv128 = _inputs(2, 2, 2, 23, 23, 128, torch.float16)[:3]  # the TMA forward copies views
+    views128 = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv128]
+    assert torch.equal(kernel.flash_attn_fwd(*qkv128, config=_configs(128)[0])[0],
                        kernel.flash_attn_fwd(*views128, config=_configs(128)[0])[0])
-    q, k, v, do = _inputs(2, 2, 2, 23, 23, 16, torch.float16)
     g1 = kernel.flash_attn_bwd(do, *views, o2, lse, causal=True, config=_configs(q.shape[-1])[1])
     g2 = kernel.flash_attn_bwd(do, q, k, v, o1, lse, causal=True, config=_configs(q.shape[-1])[1])
     for a, b in zip(g1, g2):
