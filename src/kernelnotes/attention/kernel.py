@@ -236,14 +236,16 @@ def _fwd_tma_pipelined(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_n, lo, hi
 @triton.jit
 def _fwd_tma_masked(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, offs_n, lo, hi, N_K,
                     causal_off, qk_scale, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT_FP32: tl.constexpr):
-    """The diagonal tiles and the key tail: masked, in _fwd_inner's order."""
+                    DOT_FP32: tl.constexpr, EVEN_N: tl.constexpr):
+    """The diagonal tiles and the key tail: masked, in _fwd_inner's order. With EVEN_N
+    (Nk % BLOCK_N == 0) no tile runs past Nk, and V goes from shared memory to the MMA as it
+    came: zeroing its tail would take it through registers and back."""
     for start_n in range(lo, hi, BLOCK_N):
         k = _tma_rows(k_desc, kv_row0, start_n, offs_n, N_K, False)
         qk = _scores_masked(_mma(q, tl.trans(k), None, DOT_FP32), offs_m, start_n + offs_n, N_K,
                             causal_off, CAUSAL)
         p, alpha, l_i, m_i = _softmax_step(qk, l_i, m_i, qk_scale, True)
-        v = _tma_rows(v_desc, kv_row0, start_n, offs_n, N_K, True)
+        v = _tma_rows(v_desc, kv_row0, start_n, offs_n, N_K, not EVEN_N)
         acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
     return acc, l_i, m_i
 
@@ -255,6 +257,7 @@ def _flash_attn_fwd_tma_kernel(
     N_Q, N_K, GROUP, sm_scale,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr = False,
+    EVEN_N: tl.constexpr = False,  # Nk % BLOCK_N == 0
 ):
     pid_m = tl.program_id(0)
     if CAUSAL:  # the longest rows first
@@ -276,7 +279,7 @@ def _flash_attn_fwd_tma_kernel(
     acc, l_i, m_i = _fwd_tma_pipelined(acc, l_i, m_i, q, K, V, kv_row0, offs_n, 0, n_full, N_K,
                                        qk_scale, BLOCK_M, BLOCK_N, DOT_FP32)
     acc, l_i, m_i = _fwd_tma_masked(acc, l_i, m_i, q, K, V, kv_row0, offs_m, offs_n, n_full, hi,
-                                    N_K, causal_off, qk_scale, CAUSAL, BLOCK_N, DOT_FP32)
+                                    N_K, causal_off, qk_scale, CAUSAL, BLOCK_N, DOT_FP32, EVEN_N)
 
     empty = l_i == 0.0  # nothing visible: O = 0 and L = +inf
     l_safe = tl.where(empty, 1.0, l_i)
@@ -648,7 +651,7 @@ def _fwd_tma(q, k, v, o, lse, causal, sm_scale, config, meta):
              TensorDescriptor(v, [B * Hkv * Nk, D], [D, 1], [bn, D]))
     _flash_attn_fwd_tma_kernel[(triton.cdiv(Nq, bm), B * Hq)](
         *descs, o, lse, Nq, Nk, Hq // Hkv, sm_scale, **meta, BLOCK_M=bm, BLOCK_N=bn,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        EVEN_N=Nk % bn == 0, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None,
