@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 TOPIC = "ffn"
-ALL_TRITON = "triton FFNFunction (gelu) [all six GEMMs in Triton]"
 
 
 def _rel_err(got, ref) -> float:
@@ -177,16 +176,12 @@ def run(quick: bool) -> list[dict]:
             step(torch.compile(eager)),
             ffn_flops,
         )
-    # default: the two GEMMs with an epilogue in Triton, the four plain ones on cuBLAS;
-    # then all six in Triton (config=None: the TMA kernel at this size on Hopper)
-    for name, plain in (
-        ("triton FFNFunction (gelu)", "auto"),
-        (ALL_TRITON, "triton"),
-    ):
+    # config=None takes the TMA kernel at this size on Hopper: the former "[TMA]" row
+    for name, c in (("triton FFNFunction (gelu)", cfg),):
         _ours(
             rows,
-            dict(op="ffn fwd+bwd", impl=name, config=str(cfg), plain_gemm=plain, **ffn_shape),
-            step(lambda *p, plain=plain: k.ffn(*p, "gelu", config=cfg, plain_gemm=plain)),
+            dict(op="ffn fwd+bwd", impl=name, config=str(c), **ffn_shape),
+            step(lambda *p, c=c: k.ffn(*p, "gelu", config=c)),
             vs_autograd,
             ffn_flops,
         )

@@ -495,51 +495,12 @@ def test_ffn_autotuned_bias_gradient_is_not_accumulated_twice():
             assert rel_err(p.grad, P[n].grad) <= 2 * tol(torch.bfloat16), n
 
 
-@pytest.mark.parametrize("plain_gemm", ["torch", "triton"])
-def test_ffn_plain_gemms_on_torch_or_triton(plain_gemm):
-    """The four GEMMs without an epilogue on torch or on Triton: the same gradients."""
-    k = kernel()
-    H = size(29, 1500)
-    dtype = torch.bfloat16
-    x = rand(M, K, dtype=dtype, seed=1, requires_grad=True)
-    w1 = rand(H, K, dtype=dtype, scale=K**-0.5, seed=2, requires_grad=True)
-    b1 = rand(H, dtype=dtype, seed=3, requires_grad=True)
-    w2 = rand(N, H, dtype=dtype, scale=H**-0.5, seed=4, requires_grad=True)
-    b2 = rand(N, dtype=dtype, seed=5, requires_grad=True)
-    dy = rand(M, N, dtype=dtype, seed=6)
-    y = k.ffn(x, w1, b1, w2, b2, "gelu", config=CONFIG, plain_gemm=plain_gemm)
-    y.backward(dy)
-    ps = (x, w1, b1, w2, b2)
-    ds = f64(*ps)
-    yr = F.linear(F.gelu(F.linear(ds[0], ds[1], ds[2])), ds[3], ds[4])
-    yr.backward(dy.double().cpu())
-    assert rel_err(y, yr) <= tol(dtype)
-    for p, d in zip(ps, ds, strict=True):
-        assert rel_err(p.grad, d.grad) <= 2 * tol(dtype), p.shape
-    with torch.no_grad():  # the inference path takes the same route
-        y_inference = k.ffn(x, w1, b1, w2, b2, "gelu", config=CONFIG, plain_gemm=plain_gemm)
-        assert torch.equal(y_inference, y)
-
-
-def test_plain_gemm_refusal():
-    k = kernel()
-    x, w1, w2 = (rand(*s, dtype=torch.float32) for s in ((4, 8), (16, 8), (8, 16)))
-    b1 = b2 = None
-    with pytest.raises(ValueError, match="plain_gemm must be one of"):
-        k.ffn(x, w1, b1, w2, b2, "gelu", plain_gemm="cublas")
-    with pytest.raises(ValueError, match="plain_gemm must be one of"):
-        k.FeedForward(8, 16, plain_gemm="cublas")
-
-
 @pytest.mark.gpu
 def test_tma_default_for_large_problems():
     """config=None on Hopper: large problems take the TMA kernel, and agree with float64."""
     k = kernel()
     x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     mod = k.FeedForward(2048, 8192, "gelu", device="cuda", dtype=torch.bfloat16)
-    y_tri = k.FeedForward(2048, 8192, "gelu", plain_gemm="triton", device="cuda",
-                          dtype=torch.bfloat16)
-    y_tri.load_state_dict(mod.state_dict())
     c = torch.empty(4096, 8192, device="cuda", dtype=torch.bfloat16)
     assert k._tma_default(x.detach(), mod.w1.detach().t(), c)
     dy = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
@@ -547,11 +508,9 @@ def test_tma_default_for_large_problems():
     xd = x.detach().double().requires_grad_()
     yr = F.linear(F.gelu(F.linear(xd, P["w1"], P["b1"])), P["w2"], P["b2"])
     yr.backward(dy.double())
-    for m in (mod, y_tri):
-        x.grad = None
-        y = m(x)
-        y.backward(dy)
-        assert rel_err(y, yr) <= tol(torch.bfloat16)
-        assert rel_err(x.grad, xd.grad) <= 2 * tol(torch.bfloat16)
-        for n, p in m.named_parameters():
-            assert rel_err(p.grad, P[n].grad) <= 2 * tol(torch.bfloat16), n
+    y = mod(x)
+    y.backward(dy)
+    assert rel_err(y, yr) <= tol(torch.bfloat16)
+    assert rel_err(x.grad, xd.grad) <= 2 * tol(torch.bfloat16)
+    for n, p in mod.named_parameters():
+        assert rel_err(p.grad, P[n].grad) <= 2 * tol(torch.bfloat16), n

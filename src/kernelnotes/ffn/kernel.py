@@ -875,36 +875,15 @@ class SwiGLUFunction(torch.autograd.Function):
         return dx, dw, db, None
 
 
-PLAIN_GEMMS = ("auto", "torch", "triton")
-
-
-def _plain_on_torch(plain_gemm: str, t: torch.Tensor) -> bool:
-    """Where the FFN's four GEMMs with nothing to fuse run: torch (cuBLAS on a GPU) or Triton.
-    "auto" is torch on a GPU and Triton under the interpreter (so the CPU suite runs the
-    kernels)."""
-    if plain_gemm not in PLAIN_GEMMS:
-        raise ValueError(f"plain_gemm must be one of {PLAIN_GEMMS}, got {plain_gemm!r}")
-    return plain_gemm == "torch" or (plain_gemm == "auto" and not _interpreted())
-
-
 class FFNFunction(torch.autograd.Function):
-    """y = sigma(x W1^T + b1) W2^T + b2 with sigma'(Z1) fused into the epilogue of dA1 = dY W2.
-
-    Six GEMMs; two have an epilogue to fuse (sigma and b1 into x W1^T; sigma'(Z1) and db1 into
-    dY W2). The other four (a1 W2^T + b2, dW2, dX, dW1) are plain products: with
-    ``plain_gemm="torch"`` they go to torch (cuBLAS), which a plain Triton GEMM does not beat
-    on the H200, with ``"triton"`` to this module's kernel."""
+    """y = sigma(x W1^T + b1) W2^T + b2 with sigma'(Z1) fused into the epilogue of dA1 = dY W2."""
 
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, activation, config, plain_gemm):
-        on_torch = _plain_on_torch(plain_gemm, x)
+    def forward(ctx, x, w1, b1, w2, b2, activation, config):
         a1, z1 = linear_act_forward(x, w1, b1, activation, store_z=True, config=config)
-        if on_torch:
-            y = torch.nn.functional.linear(a1, w2, b2)
-        else:
-            y, _ = linear_act_forward(a1, w2, b2, "none", config=config)
+        y, _ = linear_act_forward(a1, w2, b2, "none", config=config)
         ctx.save_for_backward(x, w1, w2, z1, a1)
-        ctx.activation, ctx.config, ctx.on_torch = activation, config, on_torch
+        ctx.activation, ctx.config = activation, config
         ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
         return y
 
@@ -917,10 +896,7 @@ class FFNFunction(torch.autograd.Function):
         db2 = None
         if need_b2 and ctx.has_b2:
             db2 = act_backward(dy, None, "none", want_dz=False, want_db=True)[1]
-        dw2 = None
-        if need_w2:
-            dw2 = dy.t() @ a1 if ctx.on_torch else _matmul(dy.t(), a1, x.new_empty(w2.shape),
-                                                           config=cfg)
+        dw2 = _matmul(dy.t(), a1, x.new_empty(w2.shape), config=cfg) if need_w2 else None
         # dZ1 = (dY W2) * sigma'(Z1) and db1 = sum_rows dZ1, in the epilogue of one matmul
         db1 = None
         if need_b1 and ctx.has_b1:
@@ -928,12 +904,8 @@ class FFNFunction(torch.autograd.Function):
         dz1 = _matmul(
             dy, w2, x.new_empty(z1.shape), z=z1, db=db1, act=act, grad_act=True, config=cfg
         )
-        if ctx.on_torch:
-            dx = dz1 @ w1 if need_x else None
-            dw1 = dz1.t() @ x if need_w1 else None
-        else:
-            dx, dw1 = linear_backward(dz1, x, w1, want_dx=need_x, want_dw=need_w1, config=cfg)
-        return dx, dw1, (None if db1 is None else db1.to(dy.dtype)), dw2, db2, None, None, None
+        dx, dw1 = linear_backward(dz1, x, w1, want_dx=need_x, want_dw=need_w1, config=cfg)
+        return dx, dw1, (None if db1 is None else db1.to(dy.dtype)), dw2, db2, None, None
 
 
 # --8<-- [end:autograd]
@@ -959,18 +931,12 @@ def linear_swiglu(x, weight, bias=None, *, config=None):
     return linear_swiglu_forward(x, weight, bias, config=config)[0]
 
 
-def ffn(x, w1, b1, w2, b2, activation="gelu", *, config=None, plain_gemm="auto"):
-    """Two-layer FFN ``sigma(x W1^T + b1) W2^T + b2``, differentiable, x [M, d].
-
-    plain_gemm: where the GEMMs without an epilogue run (see ``FFNFunction``): "auto" (torch
-    on a GPU, Triton under the interpreter), "torch" or "triton"."""
+def ffn(x, w1, b1, w2, b2, activation="gelu", *, config=None):
+    """Two-layer FFN ``sigma(x W1^T + b1) W2^T + b2``, differentiable, x [M, d]."""
     _act_code(activation)
-    on_torch = _plain_on_torch(plain_gemm, x)
     if _needs_grad(x, w1, b1, w2, b2):
-        return FFNFunction.apply(x, w1, b1, w2, b2, activation, config, plain_gemm)
+        return FFNFunction.apply(x, w1, b1, w2, b2, activation, config)
     a1, _ = linear_act_forward(x, w1, b1, activation, config=config)
-    if on_torch:
-        return torch.nn.functional.linear(a1, w2, b2)
     return linear_act_forward(a1, w2, b2, "none", config=config)[0]
 
 
@@ -984,7 +950,6 @@ class FeedForward(torch.nn.Module):
         gated: ``W2 (silu(W_gate x) * (W_up x))`` (Shazeer 2020) with ``w_gate_up`` [2h, d].
         bias: whether the layers have biases.
         config: a fixed ``triton.Config`` for every kernel, or None to autotune on the GPU.
-        plain_gemm: where the GEMMs without an epilogue run, as in ``ffn``.
 
     Parameters (``nn.Linear`` layout and initialization, U(-1/sqrt(fan_in), 1/sqrt(fan_in))):
         w1 [h, d] / b1 [h], or w_gate_up [2h, d] / b_gate_up [2h] when gated; w2 [d, h], b2 [d].
@@ -1003,16 +968,12 @@ class FeedForward(torch.nn.Module):
         gated=False,
         bias=True,
         config=None,
-        plain_gemm="auto",
         device=None,
         dtype=None,
     ):
         super().__init__()
         _act_code(activation)
-        if plain_gemm not in PLAIN_GEMMS:
-            raise ValueError(f"plain_gemm must be one of {PLAIN_GEMMS}, got {plain_gemm!r}")
         self.activation, self.gated, self.config = activation, gated, config
-        self.plain_gemm = plain_gemm
         kw = dict(device=device, dtype=dtype)
         rows = 2 * d_hidden if gated else d_hidden
         w_in = torch.nn.Parameter(torch.empty(rows, d_model, **kw))
@@ -1041,13 +1002,9 @@ class FeedForward(torch.nn.Module):
         x2 = x.reshape(-1, shape[-1])
         if self.gated:
             h = linear_swiglu(x2, self.w_gate_up, self.b_gate_up, config=self.config)
-            if _plain_on_torch(self.plain_gemm, x2):
-                y = torch.nn.functional.linear(h, self.w2, self.b2)
-            else:
-                y = linear_act(h, self.w2, self.b2, "none", config=self.config)
+            y = linear_act(h, self.w2, self.b2, "none", config=self.config)
         else:
-            y = ffn(x2, self.w1, self.b1, self.w2, self.b2, self.activation, config=self.config,
-                    plain_gemm=self.plain_gemm)
+            y = ffn(x2, self.w1, self.b1, self.w2, self.b2, self.activation, config=self.config)
         return y.reshape(*shape[:-1], y.shape[-1])
 
 
