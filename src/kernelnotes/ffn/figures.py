@@ -204,6 +204,7 @@ def ratios(rows: list[dict]) -> list[tuple[str, float | None, float]]:
         ("forward", "triton linear_act gelu [TMA]", fwd_peers),
         ("forward", "triton linear_act gelu [TMA, FLATTEN]", fwd_peers),
         ("ffn fwd+bwd", "triton FFNFunction (gelu) [TMA]", ffn_peers),
+        ("ffn fwd+bwd", "triton FFNFunction (gelu) [all six GEMMs in Triton]", ffn_peers),
     ]
     for op, ours, peers in cases:
         if not any(r["op"] == op and r["impl"] == ours for r in rows):
