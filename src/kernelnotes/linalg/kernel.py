@@ -358,6 +358,15 @@ def _check_matrix(name: str, t, max_rows: int, max_cols: int) -> None:
                          f"1 <= n <= {max_cols}, got shape {tuple(t.shape)}")
 
 
+def _check_square(name: str, t, kernel) -> int:
+    """t [..., n, n] float32 with 1 <= n <= MAX_N on kernel's device; returns n."""
+    _check_matrix(name, t, MAX_N, MAX_N)
+    check_kernel_device(name, t, kernel)
+    if t.shape[-2] != t.shape[-1]:
+        raise ValueError(f"{name} must be square [..., n, n], got shape {tuple(t.shape)}")
+    return t.shape[-1]
+
+
 def _out(name: str, given, shape: tuple, dtype, device) -> torch.Tensor:
     if given is None:
         return torch.empty(shape, dtype=dtype, device=device)
@@ -394,11 +403,7 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
         pivots: [..., n] int32, 1-based: step k swapped rows k and pivots[k] - 1.
         info: [...] int32, 0, or i > 0 if U[i-1, i-1] is exactly zero (A singular; the first i).
     """
-    _check_matrix("A", A, MAX_N, MAX_N)
-    check_kernel_device("A", A, _lu_factor_kernel)
-    n = A.shape[-1]
-    if A.shape[-2] != n:
-        raise ValueError(f"A must be square [..., n, n], got shape {tuple(A.shape)}")
+    n = _check_square("A", A, _lu_factor_kernel)
     batch = A.shape[:-2]
     a = A.reshape(-1, n, n).contiguous()
     lu, piv, info = out if out is not None else (None, None, None)
@@ -435,11 +440,7 @@ def lu_solve(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor, *,
     Returns:
         X: [..., n, k] float32 (inf/NaN where U has a zero pivot, as in getrs).
     """
-    _check_matrix("LU", LU, MAX_N, MAX_N)
-    check_kernel_device("LU", LU, _lu_solve_kernel)
-    n = LU.shape[-1]
-    if LU.shape[-2] != n:
-        raise ValueError(f"LU must be square [..., n, n], got shape {tuple(LU.shape)}")
+    n = _check_square("LU", LU, _lu_solve_kernel)
     batch = LU.shape[:-2]
     check_tensor("pivots", pivots, dtypes=(torch.int32,), device=LU.device)
     if tuple(pivots.shape) != (*batch, n):
