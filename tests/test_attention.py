@@ -309,6 +309,26 @@ def test_outputs_fully_written(monkeypatch):
             assert not torch.isnan(t).any()
 
 
+@pytest.mark.parametrize("D", [40, 128])  # the pointer forward and the TMA one
+def test_causal_tile_order_covers_every_tile(monkeypatch, D):
+    """Causal tiles run longest first in groups of heads (_tile_order): with groups of 1, 2
+    (the last group short: 5 heads) and all heads, every output element is written and the bits
+    do not depend on the order."""
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
+    q, k, v, _ = _inputs(1, 5, 1, 70, 70, D, torch.bfloat16)
+    per_head = 4 * k.shape[2] * D  # bytes of one head's K and V
+    outs = []
+    for heads in (1, 2, 5):
+        monkeypatch.setattr(kernel, "LPT_L2_BYTES", heads * per_head)
+        assert kernel._lpt_heads(5, k.shape[2], D) == heads
+        outs.append(kernel.flash_attn_fwd(q, k, v, causal=True, config=_configs(D)[0]))
+    for o, lse in outs:
+        assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+        assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1])
+    assert rel_err(outs[0][0], attention_f64(q, k, v, True)) < 8 * UNIT_ROUNDOFF["bfloat16"]
+
+
 def test_strides_and_determinism():
     """[B, N, H, D] views (the layout of a fused QKV projection) give the same bits as copies,
     and two backward passes give identical bits (no atomics)."""
