@@ -614,23 +614,27 @@ def _tma_default(a, b, c) -> bool:
         return False
     kw = TMA_CONFIG.kwargs
     tiles = triton.cdiv(c.shape[0], kw["BLOCK_M"]) * triton.cdiv(c.shape[1], kw["BLOCK_N"])
-    return tiles >= 2 * _num_programs(c.device, 1 << 30) and _tma_operands(a, b, kw) is not None
+    return (tiles >= 2 * _num_programs(c.device, 1 << 30) and _tma_view(a)[0] is not None
+            and _tma_view(b)[0] is not None)
+
+
+def _tma_view(t):
+    """(t, False) or (t^T, True), whichever has unit last stride and 16-byte aligned rows (what
+    a TMA descriptor reads), or (None, None) if neither."""
+    for view, transposed in ((t, False), (t.t(), True)):
+        if view.stride(1) == 1 and (view.stride(0) * t.element_size()) % 16 == 0:
+            if t.data_ptr() % 16 == 0:
+                return view, transposed
+    return None, None
 
 
 def _tma_operands(a, b, kw):
     """TMA descriptors of a [M, K] and b [K, N] read as stored (row-major) or transposed
-    (column-major), or None if one of them is neither or not 16-byte aligned."""
+    (column-major), and whether each is transposed; None if one of them is not TMA-readable."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    def rows(t):  # t or t^T with unit last stride and aligned rows, or None
-        for view, transposed in ((t, False), (t.t(), True)):
-            if view.stride(1) == 1 and (view.stride(0) * t.element_size()) % 16 == 0:
-                if t.data_ptr() % 16 == 0:
-                    return view, transposed
-        return None, None
-
-    a_view, a_t = rows(a)
-    b_view, b_t = rows(b)
+    a_view, a_t = _tma_view(a)
+    b_view, b_t = _tma_view(b)
     if a_view is None or b_view is None:
         return None
     bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
