@@ -508,11 +508,11 @@ def _flash_attn_bwd_dq_kernel(
 # --8<-- [start:configs]
 def _fwd_configs(block_d: int) -> list:
     """Hopper forward tiles: B_r = 128 rows per program and 8 warps (64 and 4 as a third choice),
-    a 2-4 stage K/V pipeline.
+    a 2-3 stage K/V pipeline.
     Shared memory per program ~ (B_r + 2 stages * 2 B_c) * BLOCK_D * 2 bytes <= 228 KB."""
-    if block_d <= 64:  # 128-key tiles were 17% slower at D = 64 on the H200: 219 registers a
-        # thread, so one program per SM instead of two
-        shapes = [(128, 64, 8, 3), (128, 64, 8, 4)]
+    if block_d <= 64:  # one tile. On the H200 at D = 64, 128-key tiles were 17% slower (219
+        # registers a thread: one program per SM instead of two) and a 4th stage 0-6% slower
+        shapes = [(128, 64, 8, 3)]
     elif block_d <= 128:  # the 64-row tile wins on short causal rows (more programs)
         shapes = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)]
     else:
