@@ -39,6 +39,26 @@ def _round_to(x, DTYPE: tl.constexpr):
         return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x
+
+
+@triton.jit
+def _chunk(tbl_ptr, T, S: tl.constexpr, CHUNK: tl.constexpr):
+    """This program's chunk of the flattened tensor list: (row, start, n). Stream s of its tensor
+    has its address at row + s*T; the chunk is elements start .. start + n of that tensor."""
+    pid = tl.program_id(0)
+    t = tl.load(tbl_ptr + (S + 1) * T + pid)  # the chunk map follows S*T addresses, T lengths
+    start = tl.load(tbl_ptr + (S + 1) * T + tl.num_programs(0) + pid) * CHUNK
+    n = tl.minimum(tl.load(tbl_ptr + S * T + t) - start, CHUNK)  # elements in this chunk
+    return tbl_ptr + t, start, n
+
+
+@triton.jit
+def _stream(row, s: tl.constexpr, T, start, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """Stream s of the chunk's tensor: a DTYPE pointer to the chunk's first element."""
+    ptr = tl.load(row + s * T).to(tl.pointer_type(DTYPE))
+    if ALIGNED:  # every address is 16-byte aligned (checked on the host): 16-byte vector access
+        ptr = tl.multiple_of(ptr, 16)
+    return ptr + start
 # --8<-- [end:helpers]
 
 
@@ -93,24 +113,12 @@ def _sgd_kernel(
     BLOCK: tl.constexpr, ITERS: tl.constexpr,
 ):
     S: tl.constexpr = 3 if MOMENTUM else 2  # streams: p, g (, b)
-    CHUNK: tl.constexpr = BLOCK * ITERS
-    pid = tl.program_id(0)
-    t = tl.load(tbl_ptr + (S + 1) * T + pid)  # the chunk map follows S*T addresses, T lengths
-    start = tl.load(tbl_ptr + (S + 1) * T + tl.num_programs(0) + pid) * CHUNK
-    n = tl.minimum(tl.load(tbl_ptr + S * T + t) - start, CHUNK)  # elements in this chunk
-    row = tbl_ptr + t  # stream s of tensor t: its address is at row + s*T
-    p_ptr = tl.load(row).to(tl.pointer_type(P_DTYPE))
-    g_ptr = tl.load(row + T).to(tl.pointer_type(P_DTYPE))
+    row, start, n = _chunk(tbl_ptr, T, S, BLOCK * ITERS)
+    p_ptr = _stream(row, 0, T, start, P_DTYPE, ALIGNED)
+    g_ptr = _stream(row, 1, T, start, P_DTYPE, ALIGNED)
     b_ptr = g_ptr  # unused without momentum
     if MOMENTUM:
-        b_ptr = tl.load(row + 2 * T).to(tl.pointer_type(tl.float32))
-    if ALIGNED:  # every address is 16-byte aligned (checked on the host): 16-byte vector access
-        p_ptr = tl.multiple_of(p_ptr, 16)
-        g_ptr = tl.multiple_of(g_ptr, 16)
-        b_ptr = tl.multiple_of(b_ptr, 16)
-    p_ptr += start
-    g_ptr += start
-    b_ptr += start
+        b_ptr = _stream(row, 2, T, start, tl.float32, ALIGNED)
     for i in tl.static_range(ITERS):
         offs = i * BLOCK + tl.arange(0, BLOCK)
         if (i + 1) * BLOCK <= n:  # full block: no mask, so loads and stores are 16-byte vectors
@@ -182,30 +190,14 @@ def _adam_kernel(
     BLOCK: tl.constexpr, ITERS: tl.constexpr,
 ):
     S: tl.constexpr = 5 if AMSGRAD else 4  # streams: p, g, m, v (, v_max)
-    CHUNK: tl.constexpr = BLOCK * ITERS
-    pid = tl.program_id(0)
-    t = tl.load(tbl_ptr + (S + 1) * T + pid)  # the chunk map follows S*T addresses, T lengths
-    start = tl.load(tbl_ptr + (S + 1) * T + tl.num_programs(0) + pid) * CHUNK
-    n = tl.minimum(tl.load(tbl_ptr + S * T + t) - start, CHUNK)  # elements in this chunk
-    row = tbl_ptr + t  # stream s of tensor t: its address is at row + s*T
-    p_ptr = tl.load(row).to(tl.pointer_type(P_DTYPE))
-    g_ptr = tl.load(row + T).to(tl.pointer_type(P_DTYPE))
-    m_ptr = tl.load(row + 2 * T).to(tl.pointer_type(tl.float32))
-    v_ptr = tl.load(row + 3 * T).to(tl.pointer_type(tl.float32))
+    row, start, n = _chunk(tbl_ptr, T, S, BLOCK * ITERS)
+    p_ptr = _stream(row, 0, T, start, P_DTYPE, ALIGNED)
+    g_ptr = _stream(row, 1, T, start, P_DTYPE, ALIGNED)
+    m_ptr = _stream(row, 2, T, start, tl.float32, ALIGNED)
+    v_ptr = _stream(row, 3, T, start, tl.float32, ALIGNED)
     vmax_ptr = v_ptr  # unused without amsgrad
     if AMSGRAD:
-        vmax_ptr = tl.load(row + 4 * T).to(tl.pointer_type(tl.float32))
-    if ALIGNED:  # every address is 16-byte aligned (checked on the host): 16-byte vector access
-        p_ptr = tl.multiple_of(p_ptr, 16)
-        g_ptr = tl.multiple_of(g_ptr, 16)
-        m_ptr = tl.multiple_of(m_ptr, 16)
-        v_ptr = tl.multiple_of(v_ptr, 16)
-        vmax_ptr = tl.multiple_of(vmax_ptr, 16)
-    p_ptr += start
-    g_ptr += start
-    m_ptr += start
-    v_ptr += start
-    vmax_ptr += start
+        vmax_ptr = _stream(row, 4, T, start, tl.float32, ALIGNED)
     for i in tl.static_range(ITERS):
         offs = i * BLOCK + tl.arange(0, BLOCK)
         if (i + 1) * BLOCK <= n:  # full block: no mask, so loads and stores are 16-byte vectors

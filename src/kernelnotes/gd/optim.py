@@ -25,6 +25,14 @@ def _float(x) -> float:
     return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
 
 
+def _closure_loss(closure):
+    """The loss the optional closure of step() returns, evaluated with autograd on."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _refuse(name: str, differentiable: bool, capturable: bool = False) -> None:
     if differentiable:
         raise ValueError(f"{name}: differentiable=True is not supported (the fused step is not "
@@ -134,10 +142,7 @@ class SGD(_Cached, torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             params = group["params"]
             grads = list(map(_grad, params))
@@ -232,10 +237,7 @@ class Adam(_Cached, torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             params = group["params"]
             grads = list(map(_grad, params))
