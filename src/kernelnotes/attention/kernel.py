@@ -87,6 +87,32 @@ def _tile_order(LPT_HEADS, CAUSAL: tl.constexpr):
 # --8<-- [end:tile_order]
 
 
+# --8<-- [start:softmax_step]
+@triton.jit
+def _visible(offs_m, offs_kv, N_K, causal_off, CAUSAL: tl.constexpr):
+    """[rows, keys]: query i may see key j, i.e. j < Nk and, if CAUSAL, j <= i + Nk - Nq."""
+    visible = offs_kv[None, :] < N_K
+    if CAUSAL:
+        visible = visible & (offs_kv[None, :] <= offs_m[:, None] + causal_off)
+    return visible
+
+
+@triton.jit
+def _softmax_step(qk, l_i, m_i, qk_scale, MASK: tl.constexpr):
+    """One online-softmax update of a score tile qk (S2 = qk_scale * qk):
+    m^(j) = max(m^(j-1), rowmax S2), P~ = 2^(S2 - m^(j)), alpha = 2^(m^(j-1) - m^(j)),
+    l^(j) = alpha l^(j-1) + rowsum P~. Returns P~, alpha, l^(j), m^(j)."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    if MASK:  # a row that has seen only masked keys keeps m = -inf: subtract 0 instead
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_sub = m_new
+    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # one fma and one exp2 per score
+    alpha = tl.math.exp2(m_i - m_sub)  # m starts at -inf, so alpha is 0 on the first tile
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+# --8<-- [end:softmax_step]
+
+
 # --8<-- [start:fwd_inner]
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_n, offs_d,
@@ -104,23 +130,12 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, o
                     other=0.0)
         qk = _mma(q, tl.trans(k), None, DOT_FP32)  # Q_i K_jᵀ, so S2_ij = qk_scale * qk
         if MASK:
-            visible = offs_kv[None, :] < N_K
-            if CAUSAL:
-                visible = visible & (offs_kv[None, :] <= offs_m[:, None] + causal_off)
-            qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # m^(j) = max(m^(j-1), rowmax S2_ij)
-        if MASK:  # a row that has seen only masked keys keeps m = -inf; subtract 0 instead
-            m_new_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new_sub = m_new
-        p = tl.math.exp2(qk * qk_scale - m_new_sub[:, None])  # P̃_ij = 2^(S2_ij - m^(j)): one fma
-        alpha = tl.math.exp2(m_i - m_new_sub)  # 2^(m^(j-1) - m^(j)); m starts at -inf, so 0 first
-        l_i = l_i * alpha + tl.sum(p, 1)  # ℓ_i^(j) = α ℓ_i^(j-1) + rowsum P̃_ij
+            qk = tl.where(_visible(offs_m, offs_kv, N_K, causal_off, CAUSAL), qk, float("-inf"))
+        p, alpha, l_i, m_i = _softmax_step(qk, l_i, m_i, qk_scale, MASK)  # P̃_ij, α, ℓ_i, m_i
         v = tl.load(v_base + offs_kv[:, None] * stride_vn + offs_d[None, :], mask=kv_mask,
                     other=0.0)
         acc = acc * alpha[:, None]
         acc = _mma(p.to(v.dtype), v, acc, DOT_FP32)  # Õ_i^(j) = diag(α) Õ_i^(j-1) + P̃_ij V_j
-        m_i = m_new
     return acc, l_i, m_i
 # --8<-- [end:fwd_inner]
 
@@ -203,27 +218,6 @@ def _tma_rows(desc, row0, start, offs_n, N_K, ZERO_TAIL: tl.constexpr):
 
 
 @triton.jit
-def _scores_masked(qk, offs_m, offs_kv, N_K, causal_off, CAUSAL: tl.constexpr):
-    visible = offs_kv[None, :] < N_K
-    if CAUSAL:
-        visible = visible & (offs_kv[None, :] <= offs_m[:, None] + causal_off)
-    return tl.where(visible, qk, float("-inf"))
-
-
-@triton.jit
-def _softmax_step(qk, l_i, m_i, qk_scale, MASK: tl.constexpr):
-    """P~ = 2^(S2 - m_new), alpha = 2^(m_old - m_new), l, m: one online-softmax update."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    if MASK:  # a row that has seen only masked keys keeps m = -inf: subtract 0 instead
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_sub = m_new
-    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_sub)
-    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
-
-
-@triton.jit
 def _fwd_tma_pipelined(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_n, lo, hi, N_K, qk_scale,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
     """Tiles lo .. hi (all fully visible, none past Nk), pipelined as described above.
@@ -262,8 +256,8 @@ def _fwd_tma_masked(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, offs_n, l
     came: zeroing its tail would take it through registers and back."""
     for start_n in range(lo, hi, BLOCK_N):
         k = _tma_rows(k_desc, kv_row0, start_n, offs_n, N_K, False)
-        qk = _scores_masked(_mma(q, tl.trans(k), None, DOT_FP32), offs_m, start_n + offs_n, N_K,
-                            causal_off, CAUSAL)
+        qk = tl.where(_visible(offs_m, start_n + offs_n, N_K, causal_off, CAUSAL),
+                      _mma(q, tl.trans(k), None, DOT_FP32), float("-inf"))
         p, alpha, l_i, m_i = _softmax_step(qk, l_i, m_i, qk_scale, True)
         v = _tma_rows(v_desc, kv_row0, start_n, offs_n, N_K, not EVEN_N)
         acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
@@ -447,10 +441,7 @@ def _bwd_dq_inner(dq, q, do, l2, Di, k_base, v_base, stride_kn, stride_vn, offs_
         qk = _mma(q, tl.trans(k), None, DOT_FP32)  # Q_i K_jᵀ           [BLOCK_M, BLOCK_N]
         p = tl.math.exp2(qk * qk_scale - l2[:, None])  # P_ij = 2^(S2 - L log2 e), recomputed
         if MASK:  # also drops the key tail, where e^(0 - L) could overflow for very negative L
-            visible = offs_n[None, :] < N_K
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_off)
-            p = tl.where(visible, p, 0.0)
+            p = tl.where(_visible(offs_m, offs_n, N_K, causal_off, CAUSAL), p, 0.0)
         dp = _mma(do, tl.trans(v), None, DOT_FP32)  # dP_ij = dO_i V_jᵀ
         ds = p * (dp - Di[:, None])  # dS_ij = P_ij (dP_ij - D_i)
         dq = _mma(ds.to(k.dtype), k, dq, DOT_FP32)  # dQ_i += dS_ij K_j   (σ applied at the end)
@@ -651,8 +642,9 @@ def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = _block_d(D)
     args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), Hq, Nq, Nk, Hq // Hkv,
-            sm_scale, _lpt_heads(B * Hq, Nk, D))
-    meta = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=block_d, DOT_FP32=_dot_fp32(q))
+            sm_scale)
+    meta = dict(LPT_HEADS=_lpt_heads(B * Hq, Nk, D), CAUSAL=bool(causal), HEAD_DIM=D,
+                BLOCK_D=block_d, DOT_FP32=_dot_fp32(q))
     if config is None and _interpreted():
         config = CPU_FWD_CONFIG
     if D == TMA_HEAD_DIM and TensorDescriptor is not None:
@@ -679,9 +671,8 @@ def _fwd_tma(q, k, v, o, lse, causal, sm_scale, config, meta):
              TensorDescriptor(k, [B * Hkv * Nk, D], [D, 1], [bn, D]),
              TensorDescriptor(v, [B * Hkv * Nk, D], [D, 1], [bn, D]))
     _flash_attn_fwd_tma_kernel[(triton.cdiv(Nq, bm), B * Hq)](
-        *descs, o, lse, Nq, Nk, Hq // Hkv, sm_scale, _lpt_heads(B * Hq, Nk, D), **meta,
-        BLOCK_M=bm, BLOCK_N=bn, EVEN_N=Nk % bn == 0, num_warps=config.num_warps,
-        num_stages=config.num_stages)
+        *descs, o, lse, Nq, Nk, Hq // Hkv, sm_scale, **meta, BLOCK_M=bm, BLOCK_N=bn,
+        EVEN_N=Nk % bn == 0, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None,
