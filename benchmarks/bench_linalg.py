@@ -82,8 +82,9 @@ def run(quick: bool) -> list[dict]:
         flops = batch * 2 * n**3 / 3
         rows.append(_row("lu_factor", "triton", batch, n, n, 0, _time(lambda: K.lu_factor(A)),
                          nbytes, flops, backward_error=err, singular=int((info != 0).sum()),
-                         config=(f"rows kernel MATS={max(1, 32 // K._pow2(n))} num_warps=1"
-                                 if n <= K.ROWS_MAX_N else _chosen(K._lu_factor_tuned))))
+                         config=(f"rows kernel {_describe(K.rows_config(K._pow2(n)))}"
+                                 if n <= K.ROWS_MAX_N
+                                 else _describe(getattr(K._lu_factor_tuned, "best_config", None)))))
         rows.append(_row("lu_factor", "torch", batch, n, n, 0,
                          _time(lambda: torch.linalg.lu_factor_ex(A)), nbytes, flops))
         # ---- qr (reduced)
@@ -130,9 +131,8 @@ def run(quick: bool) -> list[dict]:
     return rows
 
 
-def _chosen(tuned) -> str:
-    """The autotuner's pick for the last call."""
-    c = getattr(tuned, "best_config", None)
+def _describe(c) -> str:
+    """A launch config as text ("?" for None: the autotuner has not run)."""
     return "?" if c is None else " ".join([*(f"{k}={v}" for k, v in c.kwargs.items()),
                                            f"num_warps={c.num_warps}"])
 

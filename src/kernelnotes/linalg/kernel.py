@@ -6,10 +6,11 @@ a masked ``tl.sum``, the pivot is a masked ``tl.max``, row swaps are index arith
 of row positions (rows never move in registers), and every elimination or reflection is a rank-1
 update of the whole tile. Nothing but the input and the output touches global memory; the
 n steps of whole-tile work (reductions across lanes, selects, fmas) are what costs time, and
-benchmarks/bench_linalg.py reports how close that comes to the memory roofline. For LU at
-n <= 32 the autotuner may also give a program up to four matrices (an [NP, MATS, NP] tile, every
-reduction along one matrix's own axes): each matrix then spans fewer lanes, so every reduction
-across lanes serves several matrices at once.
+benchmarks/bench_linalg.py reports how close that comes to the memory roofline. LU at n <= 32
+takes another layout (_lu_factor_rows_kernel): one lane per row, the row's columns in registers,
+and one warp shared by 32 // NP matrices (MATS), so column k is a register and needs no
+reduction. The whole-tile LU kernel also takes MATS > 1 (an [NP, MATS, NP] tile, every reduction
+along one matrix's own axes), but only from an explicit config.
 
 Order: the jit helpers and kernels, then the torch-facing launchers ``lu_factor``, ``lu_solve``,
 ``qr`` and ``lstsq``.
@@ -387,6 +388,11 @@ _lu_factor_tuned = triton.autotune(
     LU_CONFIGS, key=["n"], prune_configs_by={"early_config_prune": _prune})(_lu_factor_kernel)
 
 
+def rows_config(NP: int) -> triton.Config:
+    """The row-per-lane kernel's launch for an NP-wide tile: one warp, 32 // NP matrices."""
+    return triton.Config({"MATS": max(1, 32 // NP)}, num_warps=1)
+
+
 def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None):
     """P A = L U with partial pivoting for a batch of small matrices (LAPACK getrf, batched).
 
@@ -414,7 +420,7 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
     kernel = _lu_factor_kernel
     if n <= ROWS_MAX_N:  # not tuned: one warp per 32 rows
         kernel = _lu_factor_rows_kernel
-        config = config or triton.Config({"MATS": max(1, 32 // NP)}, num_warps=1)
+        config = config or rows_config(NP)
     if config is not None or interpreted(kernel):  # a fixed launch: MATS 1 unless set
         config = config or _default_config(NP * NP)
         config = triton.Config({"MATS": 1, **config.kwargs}, num_warps=config.num_warps)
