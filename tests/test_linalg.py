@@ -228,14 +228,16 @@ def test_lu_factor(n):
     assert (piv.cpu() == piv_t).float().mean() > 0.99  # the same pivots but for rare near-ties
 
 
-@pytest.mark.parametrize("mats,warps", [(2, 1), (4, 1), (4, 2)])  # in LU_CONFIGS: no extra
-def test_lu_factor_several_matrices_per_program(mats, warps):  # compiles on the GPU
-    """MATS > 1 (an [NP, MATS, NP] tile per program) gives bitwise the MATS = 1 result, with a
-    batch that does not divide by MATS and bad matrices that must not leak into neighbours."""
+@pytest.mark.parametrize("mats,warps", [(2, 1), (4, 1), (4, 2)])
+def test_lu_factor_several_matrices_per_program(mats, warps):
+    """MATS > 1 gives bitwise the MATS = 1 result, with a batch that does not divide by MATS and
+    bad matrices that must not leak into neighbours: in the row-per-lane kernel (n = 5, 16) and
+    in the whole-tile kernel ([NP, MATS, NP] tile, n = 40; 4x the warps, for its registers)."""
     import triton
 
     K = _kernel()
-    for n in (5, 16):
+    for n in (5, 16, 40):
+        w = 4 * warps if n > K.ROWS_MAX_N else warps
         batch = 2 * mats + 1  # 5 or 9
         g = torch.Generator().manual_seed(10 * n + mats)
         A = torch.randn(batch, n, n, generator=g)
@@ -247,9 +249,9 @@ def test_lu_factor_several_matrices_per_program(mats, warps):  # compiles on the
         out = (poison_(torch.empty(batch, n, n, device=DEVICE)),
                torch.full((batch, n), -7, dtype=torch.int32, device=DEVICE),
                torch.full((batch,), -7, dtype=torch.int32, device=DEVICE))
-        LU, piv, info = K.lu_factor(A, config=triton.Config({"MATS": mats}, num_warps=warps),
+        LU, piv, info = K.lu_factor(A, config=triton.Config({"MATS": mats}, num_warps=w),
                                     out=out)
-        LU1, piv1, info1 = K.lu_factor(A, config=triton.Config({"MATS": 1}, num_warps=1))
+        LU1, piv1, info1 = K.lu_factor(A, config=triton.Config({"MATS": 1}, num_warps=w))
         assert torch.equal(piv, piv1) and torch.equal(info, info1)
         assert torch.equal(LU.isnan(), LU1.isnan())
         assert torch.equal(LU.nan_to_num(), LU1.nan_to_num())
