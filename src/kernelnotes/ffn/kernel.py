@@ -10,8 +10,8 @@ through strides, so ``dX = dZ W`` and ``dW = dZ^T X`` are the same kernel with o
 its epilogue (in fp32, before the one cast) adds the bias and applies the activation, or, in the
 backward pass, multiplies by the activation's derivative and sums the bias gradient.
 
-Two main loops share that epilogue: ``_matmul_kernel`` (pointer loads, the default, autotuned) and
-``_matmul_tma_kernel`` (Hopper TMA descriptors), chosen by a config with ``TMA=True`` and, with
+Its K loop fetches the tiles in one of two ways: by pointer loads (``_tile_dot_ptr``, autotuned)
+or by Hopper TMA descriptors (``_tile_dot_tma``), chosen by a config with ``TMA=True`` and, with
 config=None, for large problems on Hopper.
 """
 
@@ -125,9 +125,59 @@ def _epilogue(
 
 # --8<-- [start:matmul_kernel]
 @triton.jit
+def _tile_dot_ptr(acc, a_ptr, b_ptr, offs_m, offs_n, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn,
+                  EVEN: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
+    """acc + A[offs_m, :] B[:, offs_n], BLOCK_K columns of A at a time, by pointer loads
+    (masked unless EVEN)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    for kt in range(tl.cdiv(K, BLOCK_K)):
+        if EVEN:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - kt * BLOCK_K
+            a_mask = (offs_m[:, None] < M) & (offs_k[None, :] < k_left)
+            b_mask = (offs_k[:, None] < k_left) & (offs_n[None, :] < N)
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        if DOT_FP32:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b, acc)  # wgmma on sm_90; fp32 inputs go through tf32
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _tile_dot_tma(acc, a_desc, b_desc, off_m, off_n, K, A_T: tl.constexpr, B_T: tl.constexpr,
+                  BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
+    """The same with the tiles fetched by the Hopper TMA engine: no address arithmetic and no
+    masks (rows and columns outside the matrix arrive as zeros). A_T / B_T: the descriptor is of
+    the stored transpose, and the tile is transposed in shared memory."""
+    for kt in range(tl.cdiv(K, BLOCK_K)):
+        off_k = kt * BLOCK_K
+        if A_T:
+            a = a_desc.load([off_k, off_m]).T
+        else:
+            a = a_desc.load([off_m, off_k])
+        if B_T:
+            b = b_desc.load([off_n, off_k]).T
+        else:
+            b = b_desc.load([off_k, off_n])
+        if DOT_FP32:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def _matmul_kernel(
-    a_ptr,  # *A [M, K], any strides
-    b_ptr,  # *B [K, N], any strides (W [N, K] read as B = W^T by swapping its strides)
+    a_src,  # A [M, K]: a pointer (any strides); with TMA a descriptor of A, or of A^T if A_T
+    b_src,  # B [K, N]: a pointer (W [N, K] read as B = W^T by swapping its strides); with TMA a
+    # descriptor of B, or of B^T if B_T
     c_ptr,  # *C [M, N] output, row stride stride_cm, unit column stride
     bias_ptr,  # *[N] bias, read if HAS_BIAS
     z_ptr,  # *Z [M, N]: written (pre-activation) if STORE_Z, read (for sigma'(Z)) if GRAD_ACT
@@ -138,7 +188,7 @@ def _matmul_kernel(
     stride_am,
     stride_ak,
     stride_bk,
-    stride_bn,
+    stride_bn,  # of pointer operands (unused with TMA)
     stride_cm,
     stride_zm,
     ACT: tl.constexpr,  # activation code, see ACTIVATIONS
@@ -152,38 +202,27 @@ def _matmul_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     NUM_SMS: tl.constexpr,  # persistent grid: one program per SM walks the tiles
+    TMA: tl.constexpr = False,  # a_src, b_src are TMA descriptors (Hopper)
+    A_T: tl.constexpr = False,
+    B_T: tl.constexpr = False,  # TMA: which operands are read transposed
     FLATTEN: tl.constexpr = False,  # one pipelined loop over (tile, k): see below
     DOT_FP32: tl.constexpr = False,  # interpreter only, see _dot_fp32
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
     # With FLATTEN the next tile's loads overlap this tile's epilogue; the epilogue then takes its
     # coordinates from a second counter, tile_c (as Triton's persistent-matmul tutorial does).
     tile_c = tl.program_id(0) - NUM_SMS
     for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_tiles):
-            if EVEN:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                k_left = K - kt * BLOCK_K
-                a_mask = (offs_m[:, None] < M) & (offs_k[None, :] < k_left)
-                b_mask = (offs_k[:, None] < k_left) & (offs_n[None, :] < N)
-                a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-                b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-            if DOT_FP32:
-                a, b = a.to(tl.float32), b.to(tl.float32)
-            acc = tl.dot(a, b, acc)  # wgmma on sm_90; fp32 inputs go through tf32
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+        if TMA:
+            acc = _tile_dot_tma(acc, a_src, b_src, pid_m * BLOCK_M, pid_n * BLOCK_N, K, A_T, B_T,
+                                BLOCK_K, DOT_FP32)
+        else:
+            acc = _tile_dot_ptr(acc, a_src, b_src, pid_m * BLOCK_M + tl.arange(0, BLOCK_M),
+                                pid_n * BLOCK_N + tl.arange(0, BLOCK_N), M, N, K, stride_am,
+                                stride_ak, stride_bk, stride_bn, EVEN, BLOCK_K, DOT_FP32)
 
         tile_c += NUM_SMS
         pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
@@ -208,84 +247,6 @@ def _matmul_kernel(
 
 
 # --8<-- [end:matmul_kernel]
-
-
-# --8<-- [start:matmul_tma_kernel]
-@triton.jit
-def _matmul_tma_kernel(
-    a_desc,  # TMA descriptor of A [M, K], tiles [BLOCK_M, BLOCK_K]; of A^T [K, M] if A_T
-    b_desc,  # TMA descriptor of B [K, N], tiles [BLOCK_K, BLOCK_N]; of B^T [N, K] if B_T
-    c_ptr,
-    bias_ptr,
-    z_ptr,
-    db_ptr,  # as in _matmul_kernel
-    M,
-    N,
-    K,
-    stride_cm,
-    stride_zm,
-    ACT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_Z: tl.constexpr,
-    GRAD_ACT: tl.constexpr,
-    ACC_DB: tl.constexpr,
-    A_T: tl.constexpr,
-    B_T: tl.constexpr,  # which operands are read transposed
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-    FLATTEN: tl.constexpr = False,
-    DOT_FP32: tl.constexpr = False,
-):
-    """_matmul_kernel with the tiles fetched by the Hopper TMA engine: no address arithmetic and
-    no masks in the loop (out-of-bounds rows and columns arrive as zeros)."""
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    tile_c = tl.program_id(0) - NUM_SMS
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_tiles):
-            off_k = kt * BLOCK_K
-            if A_T:
-                a = a_desc.load([off_k, off_m]).T
-            else:
-                a = a_desc.load([off_m, off_k])
-            if B_T:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            if DOT_FP32:
-                a, b = a.to(tl.float32), b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
-        tile_c += NUM_SMS
-        pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
-        _epilogue(
-            acc,
-            pid_m * BLOCK_M + tl.arange(0, BLOCK_M),
-            pid_n * BLOCK_N + tl.arange(0, BLOCK_N),
-            M,
-            N,
-            c_ptr,
-            stride_cm,
-            bias_ptr,
-            z_ptr,
-            stride_zm,
-            db_ptr,
-            ACT,
-            HAS_BIAS,
-            STORE_Z,
-            GRAD_ACT,
-            ACC_DB,
-        )
-
-
-# --8<-- [end:matmul_tma_kernel]
 
 
 # --8<-- [start:swiglu_kernel]
@@ -591,18 +552,8 @@ def _matmul(
         if tma is None:
             _matmul_fixed[grid](*args, **flags, **kw, NUM_SMS=nsm, **launch)
         else:
-            _matmul_tma_kernel[grid](
-                *tma[:2],
-                *args[2:9],
-                c.stride(0),
-                args[-1],
-                **flags,
-                A_T=tma[2],
-                B_T=tma[3],
-                **kw,
-                NUM_SMS=nsm,
-                **launch,
-            )
+            _matmul_fixed[grid](*tma[:2], *args[2:], **flags, TMA=True, A_T=tma[2], B_T=tma[3],
+                                **kw, NUM_SMS=nsm, **launch)
     return c
 
 
