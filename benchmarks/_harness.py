@@ -11,6 +11,7 @@ import datetime as _dt
 import functools
 import json
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -24,6 +25,20 @@ def bench_ms(fn, *, warmup_ms: int = 50, rep_ms: int = 300) -> tuple[float, floa
 
     p50, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=QUANTILES)
     return p50, p20, p80
+
+
+def bench_interleaved(fns: dict, *, rounds: int = 3, warmup_ms: int = 25,
+                      rep_ms: int = 70) -> dict:
+    """{key: (p50, p20, p80)} of every ``fns[key]()``, timed in ``rounds`` interleaved rounds
+    (A B C, A B C, ...), each quantile the median over the rounds. The same kernel timed twice in
+    one run can differ by a few percent (clocks, temperature); interleaving lets that drift fall
+    on every implementation alike instead of on whichever was timed at a bad moment."""
+    samples: dict = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            samples[key].append(bench_ms(fn, warmup_ms=warmup_ms, rep_ms=rep_ms))
+    return {key: tuple(statistics.median(s[i] for s in runs) for i in range(3))
+            for key, runs in samples.items()}
 
 
 def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:

@@ -10,9 +10,10 @@ per matrix, so it is timed only up to N = 4k.
 
 from __future__ import annotations
 
+import functools
 import math
 
-from benchmarks._harness import bench_ms
+from benchmarks._harness import bench_interleaved
 
 H = 16
 TOKENS = 65536
@@ -20,6 +21,9 @@ DTYPE = "bfloat16"
 NAIVE_MAX_N = 4096
 SIZES = {True: ((128,), (4096,)), False: ((64, 128), (1024, 4096, 16384))}  # quick: (Ds, Ns)
 DEVICE = "cuda"
+# every implementation of a point in 3 interleaved rounds (benchmarks._harness.bench_interleaved);
+# the whole run must fit in 3 minutes with tuning
+TIMING = dict(rounds=3, warmup_ms=25, rep_ms=70)
 
 
 def flops(B, Hq, N, D, causal, pass_):
@@ -83,64 +87,75 @@ def run(quick: bool) -> list[dict]:
     t0 = time.perf_counter()
     rows = []
     Ds, Ns = SIZES[quick]
-    timing = dict(warmup_ms=25, rep_ms=200)  # the whole run must fit in 3 minutes with tuning
     for D in Ds:
         for N in Ns:
             B = TOKENS // N
             for causal in (False, True):
-                provs = _providers(causal, quick)
                 g = torch.Generator(device=DEVICE).manual_seed(0)
                 q, k, v, do = (torch.randn(B, H, N, D, device=DEVICE, dtype=torch.bfloat16,
                                            generator=g) for _ in range(4))
-                ref_o = None
-                for impl, fn in provs.items():
-                    if impl == "naive" and (N > NAIVE_MAX_N or quick):
-                        continue
-                    row = dict(impl=impl, D=D, N=N, B=B, H=H, causal=causal, dtype=DTYPE,
-                               elapsed_s=round(time.perf_counter() - t0, 1))
-                    try:
-                        with torch.no_grad():
-                            o = fn(q, k, v)
-                        if ref_o is None:  # triton_fa2 runs first; peers are checked against it
-                            ref_o = o.float()
-                        row["max_abs_diff"] = float((o.float() - ref_o).abs().max())
-                        if impl != "triton_fa2_atomic":  # its forward is triton_fa2's
-                            with torch.no_grad():
-                                p50, p20, p80 = bench_ms(lambda: fn(q, k, v), **timing)
-                            rows.append(dict(row, **{"pass": "fwd", "ms": p50, "ms_p20": p20,
-                                                     "ms_p80": p80,
-                                                     "tflops": flops(B, H, N, D, causal, "fwd")
-                                                     / (p50 * 1e-3) / 1e12}))
-                        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-                        if DEVICE == "cuda":  # memory a training forward allocates (o + saved)
-                            torch.cuda.synchronize()
-                            torch.cuda.reset_peak_memory_stats()
-                            base = torch.cuda.memory_allocated()
-                        o = fn(*leaves)
-                        if DEVICE == "cuda":
-                            row["fwd_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-                        torch.autograd.grad(o, leaves, do, retain_graph=True)  # tune, compile
-                        p50, p20, p80 = bench_ms(
-                            lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), **timing)
-                        rows.append(dict(row, **{"pass": "bwd", "ms": p50, "ms_p20": p20,
-                                                 "ms_p80": p80,
-                                                 "tflops": flops(B, H, N, D, causal, "bwd")
-                                                 / (p50 * 1e-3) / 1e12}))
-                        del o, leaves
-                    except Exception as e:  # a peer backend missing on this build: say so
-                        error = f"{type(e).__name__}: {e}"[:300]
-                        rows.append(dict(row, **{"pass": "error", "error": error}))
-                    if DEVICE == "cuda":
-                        torch.cuda.empty_cache()
+                point = dict(D=D, N=N, B=B, H=H, causal=causal, dtype=DTYPE)
+                timed, info = _setup(_providers(causal, quick), q, k, v, do, quick, rows, point, t0)
+                for (impl, pass_), (p50, p20, p80) in bench_interleaved(timed, **TIMING).items():
+                    rows.append(dict(info[impl], **{
+                        "pass": pass_, "ms": p50, "ms_p20": p20, "ms_p80": p80,
+                        "tflops": flops(B, H, N, D, causal, pass_) / (p50 * 1e-3) / 1e12}))
+                for impl in info:
                     print(f"  {impl:10s} D={D} N={N} causal={causal}: " + ", ".join(
                         f"{r['pass']} {r.get('tflops', float('nan')):.0f}"
                         for r in rows if r["impl"] == impl and r["D"] == D and r["N"] == N
                         and r["causal"] == causal), flush=True)
-                del q, k, v, do, ref_o
+                del q, k, v, do, timed
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()
     rows.append({"impl": "all", "pass": "total", "elapsed_s": round(time.perf_counter() - t0, 1)})
     return rows
+
+
+def _setup(provs, q, k, v, do, quick, rows, point, t0):
+    """Run each provider once (forward checked against ours, backward tuned or compiled) and
+    return the closures to time, {(impl, pass): fn}, with each impl's row fields. A provider
+    that fails (a backend missing on this build) gets an error row instead."""
+    import time
+
+    import torch
+
+    timed, info, ref_o = {}, {}, None
+    for impl, fn in provs.items():
+        if impl == "naive" and (point["N"] > NAIVE_MAX_N or quick):
+            continue
+        row = dict(impl=impl, **point, elapsed_s=round(time.perf_counter() - t0, 1))
+        try:
+            with torch.no_grad():
+                o = fn(q, k, v)
+            if ref_o is None:  # triton_fa2 comes first; peers are checked against it
+                ref_o = o.float()
+            row["max_abs_diff"] = float((o.float() - ref_o).abs().max())
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            if DEVICE == "cuda":  # memory a training forward allocates (o + saved)
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+            o = fn(*leaves)
+            if DEVICE == "cuda":
+                row["fwd_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            torch.autograd.grad(o, leaves, do, retain_graph=True)  # tune, compile
+        except Exception as e:  # a peer backend missing on this build: say so
+            rows.append(dict(row, **{"pass": "error", "error": f"{type(e).__name__}: {e}"[:300]}))
+            continue
+        if impl != "triton_fa2_atomic":  # its forward is triton_fa2's
+            timed[impl, "fwd"] = functools.partial(_no_grad, fn, q, k, v)
+        timed[impl, "bwd"] = functools.partial(torch.autograd.grad, o, leaves, do,
+                                               retain_graph=True)
+        info[impl] = row
+    return timed, info
+
+
+def _no_grad(fn, *args):
+    import torch
+
+    with torch.no_grad():
+        return fn(*args)
 
 
 def ratios(rows):
