@@ -125,6 +125,15 @@ def _epilogue(
 
 # --8<-- [start:matmul_kernel]
 @triton.jit
+def _k_tile(ptrs, offs_r, offs_c, rows, cols, EVEN: tl.constexpr):
+    """One operand tile by pointers: entries past (rows, cols) load as 0, unless EVEN says there
+    are none."""
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=(offs_r[:, None] < rows) & (offs_c[None, :] < cols), other=0.0)
+
+
+@triton.jit
 def _tile_dot_ptr(acc, a_ptr, b_ptr, offs_m, offs_n, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn,
                   EVEN: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
@@ -134,15 +143,9 @@ def _tile_dot_ptr(acc, a_ptr, b_ptr, offs_m, offs_n, M, N, K,
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
     for kt in range(tl.cdiv(K, BLOCK_K)):
-        if EVEN:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_left = K - kt * BLOCK_K
-            a_mask = (offs_m[:, None] < M) & (offs_k[None, :] < k_left)
-            b_mask = (offs_k[:, None] < k_left) & (offs_n[None, :] < N)
-            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-            b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        k_left = K - kt * BLOCK_K
+        a = _k_tile(a_ptrs, offs_m, offs_k, M, k_left, EVEN)
+        b = _k_tile(b_ptrs, offs_k, offs_n, k_left, N, EVEN)
         if DOT_FP32:
             a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc)  # wgmma on sm_90; fp32 inputs go through tf32
@@ -290,17 +293,10 @@ def _swiglu_kernel(
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
-            if EVEN:
-                x = tl.load(x_ptrs)
-                wg = tl.load(g_ptrs)
-                wu = tl.load(u_ptrs)
-            else:
-                k_left = K - kt * BLOCK_K
-                w_mask = (offs_k[:, None] < k_left) & (offs_n[None, :] < H)
-                x_mask = (offs_m[:, None] < M) & (offs_k[None, :] < k_left)
-                x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-                wg = tl.load(g_ptrs, mask=w_mask, other=0.0)
-                wu = tl.load(u_ptrs, mask=w_mask, other=0.0)
+            k_left = K - kt * BLOCK_K
+            x = _k_tile(x_ptrs, offs_m, offs_k, M, k_left, EVEN)
+            wg = _k_tile(g_ptrs, offs_k, offs_n, k_left, H, EVEN)
+            wu = _k_tile(u_ptrs, offs_k, offs_n, k_left, H, EVEN)
             if DOT_FP32:
                 x, wg, wu = x.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
             acc_g = tl.dot(x, wg, acc_g)  # one read of the X tile feeds both products
