@@ -422,3 +422,24 @@ def test_refusals():
         fwd(q.to(wrong), k, v)
     with pytest.raises(ValueError, match=f"k is on {wrong}"):
         fwd(q, k.to(wrong), v)
+
+
+def test_benchmark_times_implementations_in_interleaved_rounds(monkeypatch):
+    """The benchmark's ratios come from bench_interleaved: every implementation once per round,
+    rounds one after another, each quantile the median over the rounds (post 09 says so)."""
+    from benchmarks import _harness
+    from benchmarks.bench_attention import TIMING
+
+    calls = []
+    samples = {"a": iter([(3.0, 2.0, 4.0), (1.0, 0.5, 9.0), (2.0, 1.0, 5.0)]),
+               "b": iter([(7.0, 6.0, 8.0), (9.0, 8.0, 9.5), (8.0, 7.5, 8.5)])}
+
+    def fake_bench_ms(fn, *, warmup_ms, rep_ms):
+        assert (warmup_ms, rep_ms) == (TIMING["warmup_ms"], TIMING["rep_ms"])
+        calls.append(fn())
+        return next(samples[calls[-1]])
+
+    monkeypatch.setattr(_harness, "bench_ms", fake_bench_ms)
+    out = _harness.bench_interleaved({"a": lambda: "a", "b": lambda: "b"}, **TIMING)
+    assert calls == ["a", "b"] * TIMING["rounds"]
+    assert out == {"a": (2.0, 1.0, 5.0), "b": (8.0, 7.5, 8.5)}
