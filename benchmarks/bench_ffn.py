@@ -177,14 +177,13 @@ def run(quick: bool) -> list[dict]:
             ffn_flops,
         )
     # config=None takes the TMA kernel at this size on Hopper: the former "[TMA]" row
-    for name, c in (("triton FFNFunction (gelu)", cfg),):
-        _ours(
-            rows,
-            dict(op="ffn fwd+bwd", impl=name, config=str(c), **ffn_shape),
-            step(lambda *p, c=c: k.ffn(*p, "gelu", config=c)),
-            vs_autograd,
-            ffn_flops,
-        )
+    _ours(
+        rows,
+        dict(op="ffn fwd+bwd", impl="triton FFNFunction (gelu)", config=str(cfg), **ffn_shape),
+        step(lambda *p: k.ffn(*p, "gelu", config=cfg)),
+        vs_autograd,
+        ffn_flops,
+    )
     return rows
 
 
