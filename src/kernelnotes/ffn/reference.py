@@ -12,13 +12,19 @@ import math
 import numpy as np
 
 # --8<-- [start:activations]
-_erf = np.vectorize(math.erf, otypes=[np.float64])  # NumPy has no erf; clarity over speed
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])  # NumPy has no erfc; clarity over speed
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 GELU_C = math.sqrt(2.0 / math.pi)  # the tanh form: u = sqrt(2/pi) (z + 0.044715 z^3)
 
 
 def sigmoid(z):
     return np.exp(-np.logaddexp(0.0, -z))  # = 1 / (1 + e^-z), no overflow, accurate for z << 0
+
+
+def normal_cdf(z):
+    """Phi(z) = erfc(-z / sqrt 2) / 2: erfc keeps its relative accuracy where 1 + erf(z / sqrt 2)
+    cancels (z << 0; in float64 1 + erf is exactly 0 below z = -8.3)."""
+    return 0.5 * _erfc(-z / math.sqrt(2.0))
 
 
 def activation(z, name):
@@ -28,7 +34,7 @@ def activation(z, name):
     if name == "relu":
         return np.maximum(z, 0.0)
     if name == "gelu":
-        return 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0)))  # z Phi(z)
+        return z * normal_cdf(z)
     if name == "gelu_tanh":
         return 0.5 * z * (1.0 + np.tanh(GELU_C * (z + 0.044715 * z**3)))
     if name == "silu":
@@ -48,7 +54,7 @@ def activation_grad(z, name):
         return (z > 0).astype(np.result_type(z, np.float32))
     if name == "gelu":
         pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)  # phi(z)
-        return 0.5 * (1.0 + _erf(z / math.sqrt(2.0))) + z * pdf  # Phi(z) + z phi(z)
+        return normal_cdf(z) + z * pdf  # Phi(z) + z phi(z)
     if name == "gelu_tanh":
         t = np.tanh(GELU_C * (z + 0.044715 * z**3))
         return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t**2) * GELU_C * (1.0 + 3 * 0.044715 * z**2)
@@ -64,6 +70,24 @@ def activation_grad(z, name):
 
 
 # --8<-- [end:activations]
+
+
+# --8<-- [start:erfc_fit]
+def erfc_fit(p=0.375, degree=6, s_max=10.0):
+    """Coefficients c of erfc(s) ~ t P(t) e^(-s^2), t = 1 / (1 + p s), P(t) = sum_k c_k t^k, for
+    s in [0, s_max], fitted for the smallest largest *relative* error (Lawson's reweighted least
+    squares). Returns (c, that error). The GELU epilogue of the Triton kernels evaluates this."""
+    s = np.concatenate([np.linspace(0.0, 1.0, 4001), np.linspace(1.0, s_max, 18001)[1:]])
+    t = 1.0 / (1.0 + p * s)
+    y = _erfc(s) * np.exp(s * s) / t  # the target P(t): erfc(s) e^(s^2) / t, smooth on (0, 1]
+    A = np.vander(t, degree + 1, increasing=True)  # [t^0 ... t^degree]
+    w = 1.0 / y  # weights for relative error
+    for _ in range(60):  # weight up where the error is large: the max error goes down
+        c = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)[0]
+        r = np.abs(A @ c / y - 1.0)
+        w = w * (1.0 + r / r.max())
+    return c, r.max()
+# --8<-- [end:erfc_fit]
 
 
 # --8<-- [start:forward]
