@@ -203,12 +203,10 @@ def ratios(rows: list[dict]) -> list[tuple[str, float | None, float]]:
         ("ffn fwd+bwd", "triton FFNFunction (gelu)", ffn_peers),
         ("forward", "triton linear_act gelu [TMA]", fwd_peers),
         ("forward", "triton linear_act gelu [TMA, FLATTEN]", fwd_peers),
-        ("ffn fwd+bwd", "triton FFNFunction (gelu) [all six GEMMs in Triton]", ffn_peers),
     ]
     for op, ours, peers in cases:
         if not any(r["op"] == op and r["impl"] == ours for r in rows):
-            continue  # not in this results file (ffn.json names its default FFN row "[all six
-            # GEMMs in Triton]"; the benchmark now writes it as "triton FFNFunction (gelu)")
+            continue  # not in this results file
         mine = _ms(rows, op, ours)
         for peer, target in peers:
             theirs = _ms(rows, op, peer)
