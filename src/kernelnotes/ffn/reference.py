@@ -23,7 +23,7 @@ def sigmoid(z):
 
 def normal_cdf(z):
     """Phi(z) = erfc(-z / sqrt 2) / 2: erfc keeps its relative accuracy where 1 + erf(z / sqrt 2)
-    cancels (z << 0; in float64 1 + erf is exactly 0 below z = -8.3)."""
+    cancels (z << 0: in float64 it is a multiple of 2^-53, and 0 from about z = -8.4)."""
     return 0.5 * _erfc(-z / math.sqrt(2.0))
 
 
