@@ -487,7 +487,7 @@ _swiglu_tuned = triton.autotune(SWIGLU_CONFIGS, key=["M", "H", "K", "HAS_BIAS", 
 
 
 def _interpreted() -> bool:
-    return interpreted(_matmul_kernel)
+    return INTERPRETED.value  # the one answer, also what the jit code branches on
 
 
 def _dot_fp32(t: torch.Tensor) -> bool:
