@@ -203,10 +203,14 @@ CASES = [
     (1, 4, 2, 70, 33, 128, True, torch.bfloat16),
     (2, 2, 2, 17, 40, 128, False, torch.float16),
     (1, 2, 1, 48, 64, 128, True, torch.bfloat16),  # Nk % BLOCK_N == 0: V tiles not zeroed
+    # EVEN_N in the pointer forward (Nk a multiple of its key tile): the key bound dropped
+    (1, 2, 2, 48, 64, 64, True, torch.float16),
+    (1, 2, 1, 64, 64, 40, True, torch.bfloat16),
 ]
 GPU_CASES = [
     (2, 4, 2, 1000, 1000, 128, True, torch.bfloat16),
     (2, 4, 2, 2048, 2048, 128, True, torch.bfloat16),  # EVEN_N at the H200's 128-key tiles
+    (1, 2, 1, 1000, 4096, 64, True, torch.bfloat16),  # EVEN_N, pointer forward, Nq != Nk
     (1, 2, 2, 4097, 4097, 64, False, torch.float16),
     (1, 4, 1, 1000, 4097, 256, True, torch.bfloat16),
     (1, 2, 2, 4097, 1000, 80, True, torch.float16),

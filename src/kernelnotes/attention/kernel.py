@@ -89,11 +89,17 @@ def _tile_order(LPT_HEADS, CAUSAL: tl.constexpr):
 
 # --8<-- [start:softmax_step]
 @triton.jit
-def _visible(offs_m, offs_kv, N_K, causal_off, CAUSAL: tl.constexpr):
-    """[rows, keys]: query i may see key j, i.e. j < Nk and, if CAUSAL, j <= i + Nk - Nq."""
-    visible = offs_kv[None, :] < N_K
+def _visible(offs_m, offs_kv, N_K, causal_off, CAUSAL: tl.constexpr,
+             EVEN_N: tl.constexpr = False):
+    """[rows, keys]: query i may see key j, i.e. j < Nk and, if CAUSAL, j <= i + Nk - Nq.
+    EVEN_N: Nk is a multiple of the key tile, so no tile the forward visits runs past Nk and
+    j < Nk holds; the diagonal tiles then cost one compare a score, not two and an and."""
     if CAUSAL:
-        visible = visible & (offs_kv[None, :] <= offs_m[:, None] + causal_off)
+        visible = offs_kv[None, :] <= offs_m[:, None] + causal_off
+        if not EVEN_N:
+            visible = visible & (offs_kv[None, :] < N_K)
+    else:
+        visible = offs_kv[None, :] < N_K
     return visible
 
 
@@ -119,18 +125,19 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, o
                lo, hi, N_K, causal_off, qk_scale,
                MASK: tl.constexpr,  # tail or diagonal tiles: apply the key bound and causal mask
                CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
+               BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, EVEN_N: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_kv = start_n + offs_n  # key indices j of this tile           [BLOCK_N]
         kv_mask = offs_d[None, :] < HEAD_DIM  # padded head-dim columns load as 0
-        if MASK:
+        if MASK and not EVEN_N:
             kv_mask = kv_mask & (offs_kv[:, None] < N_K)
         k = tl.load(k_base + offs_kv[:, None] * stride_kn + offs_d[None, :], mask=kv_mask,
                     other=0.0)
         qk = _mma(q, tl.trans(k), None, DOT_FP32)  # Q_i K_jᵀ, so S2_ij = qk_scale * qk
         if MASK:
-            qk = tl.where(_visible(offs_m, offs_kv, N_K, causal_off, CAUSAL), qk, float("-inf"))
+            qk = tl.where(_visible(offs_m, offs_kv, N_K, causal_off, CAUSAL, EVEN_N), qk,
+                          float("-inf"))
         p, alpha, l_i, m_i = _softmax_step(qk, l_i, m_i, qk_scale, MASK)  # P̃_ij, α, ℓ_i, m_i
         v = tl.load(v_base + offs_kv[:, None] * stride_vn + offs_d[None, :], mask=kv_mask,
                     other=0.0)
@@ -158,6 +165,7 @@ def _flash_attn_fwd_kernel(
     BLOCK_M: tl.constexpr,  # B_r: queries per program
     BLOCK_N: tl.constexpr,  # B_c: keys per inner step
     DOT_FP32: tl.constexpr = False,  # CPU interpreter with bf16 only (see _mma)
+    EVEN_N: tl.constexpr = False,  # Nk % BLOCK_N == 0: no key tile runs past Nk
 ):
     pid_m, pid_bh = _tile_order(LPT_HEADS, CAUSAL)
     off_b = (pid_bh // H_Q).to(tl.int64)
@@ -184,15 +192,15 @@ def _flash_attn_fwd_kernel(
     # stage 1: tiles below the diagonal and inside [0, Nk): no mask at all
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                offs_m, offs_n, offs_d, 0, n_full, N_K, causal_off, qk_scale,
-                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32)
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, EVEN_N)
     # stage 2: the diagonal tiles and the key tail, masked
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                offs_m, offs_n, offs_d, n_full, hi, N_K, causal_off, qk_scale,
-                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32)
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, EVEN_N)
 
     empty = l_i == 0.0  # nothing visible: O = 0 and L = +inf, never 0/0
     l_safe = tl.where(empty, 1.0, l_i)
-    o = acc / l_safe[:, None]  # O_i = diag(ℓ_i)⁻¹ Õ_i
+    o = acc * (1.0 / l_safe)[:, None]  # O_i = diag(ℓ_i)⁻¹ Õ_i: B_r divisions, not B_r x D
     lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     o_ptrs = O + (pid_bh.to(tl.int64) * N_Q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=q_mask)
@@ -256,7 +264,7 @@ def _fwd_tma_masked(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, offs_n, l
     came: zeroing its tail would take it through registers and back."""
     for start_n in range(lo, hi, BLOCK_N):
         k = _tma_rows(k_desc, kv_row0, start_n, offs_n, N_K, False)
-        qk = tl.where(_visible(offs_m, start_n + offs_n, N_K, causal_off, CAUSAL),
+        qk = tl.where(_visible(offs_m, start_n + offs_n, N_K, causal_off, CAUSAL, EVEN_N),
                       _mma(q, tl.trans(k), None, DOT_FP32), float("-inf"))
         p, alpha, l_i, m_i = _softmax_step(qk, l_i, m_i, qk_scale, True)
         v = _tma_rows(v_desc, kv_row0, start_n, offs_n, N_K, not EVEN_N)
@@ -294,7 +302,7 @@ def _flash_attn_fwd_tma_kernel(
 
     empty = l_i == 0.0  # nothing visible: O = 0 and L = +inf
     l_safe = tl.where(empty, 1.0, l_i)
-    o = acc / l_safe[:, None]
+    o = acc * (1.0 / l_safe)[:, None]
     lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
     o_ptrs = O + (pid_bh.to(tl.int64) * N_Q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
@@ -650,14 +658,16 @@ def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
     if D == TMA_HEAD_DIM and TensorDescriptor is not None:
         _fwd_tma(q, k, v, o, lse, causal, sm_scale, config or TMA_FWD_CONFIG, meta)
         return o, lse
+    configs = _fwd_configs(block_d) if config is None else [config]
+    even_n = all(Nk % c.kwargs["BLOCK_N"] == 0 for c in configs)  # for every candidate tile
     if config is None:
-        kernel = _autotuned(_flash_attn_fwd_kernel, "fwd", block_d, _fwd_configs(block_d))
+        kernel = _autotuned(_flash_attn_fwd_kernel, "fwd", block_d, configs)
         grid = lambda META: (triton.cdiv(Nq, META["BLOCK_M"]), B * Hq)  # noqa: E731
-        kernel[grid](*args, **meta)
+        kernel[grid](*args, **meta, EVEN_N=even_n)
     else:
         grid = (triton.cdiv(Nq, config.kwargs["BLOCK_M"]), B * Hq)
-        _flash_attn_fwd_kernel[grid](*args, **meta, **config.kwargs, num_warps=config.num_warps,
-                                     num_stages=config.num_stages)
+        _flash_attn_fwd_kernel[grid](*args, **meta, **config.kwargs, EVEN_N=even_n,
+                                     num_warps=config.num_warps, num_stages=config.num_stages)
     return o, lse
 
 
