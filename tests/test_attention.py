@@ -180,6 +180,20 @@ def test_worked_example_trace():
     assert rel_err(O, ref.attention_naive(Q, K, V, sm_scale=1.0)[0]) < 1e-15
 
 
+def test_performance_table_marks_every_shortfall():
+    """The post's table and its 'what falls short' check read the results through shortfalls()."""
+    from kernelnotes.attention.figures import _ratio_cell, shortfalls
+
+    rows = [dict(impl=i, D=64, N=N, causal=True, tflops=t, **{"pass": "fwd"})
+            for N in (1024, 4096) for i, t in (("triton_fa2", 279.0), ("sdpa_flash", 200.0),
+                                               ("sdpa_cudnn", 300.0))]
+    # 1.395x flash misses 1.4 (N = 1024 carries no target); 0.93x cuDNN meets 0.85
+    assert shortfalls({"rows": rows}) == [("fwd", 64, 4096, True, "sdpa_flash", 1.395, 1.4)]
+    assert _ratio_cell(1.395, 1.4) == "1.395x (< 1.4)"  # "1.40x (< 1.4)" would read as a pass
+    assert _ratio_cell(1.3, 1.4) == "1.30x (< 1.4)" and _ratio_cell(1.41, 1.4) == "1.41x ✓"
+    assert _ratio_cell(0.7, None) == "0.70x"
+
+
 def test_memory_arithmetic():
     N, d = 4096, 64
     assert ref.hbm_bytes_standard(N, d) == 2 * (4 * N * d + 4 * N * N)
