@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import time
 
-from benchmarks._harness import bench_ms
+import triton
+import triton.language as tl
+
+from benchmarks._harness import bench_interleaved, bench_ms, graph_ms
 from kernelnotes.mhc.reference import bytes_per_token
 
 DEVICE = "cuda"
@@ -22,6 +25,7 @@ T_ALL = (1, 128, 1024, 8192)
 H_ALL = (4096, 7168)
 T_QUICK, H_QUICK = (1, 8192), (7168,)
 COMPILE_BUDGET_S = 200.0  # start no compiled peer after this many seconds (the run: < 5 min)
+GRAPH_T_MAX = 1024  # below T = 8192 a direct call is host-bound: also time its CUDA-graph replay
 
 
 def _inputs(T: int, H: int):
@@ -64,6 +68,61 @@ def _row(op, impl, T, H, ms):
             "bytes": nbytes, "gbs": nbytes / (p50 * 1e-3) / 1e9}
 
 
+def _with_graph(row: dict, fn) -> dict:
+    """row plus ``graph_ms``, the GPU time of one call replayed from a CUDA graph (small T)."""
+    if row["T"] <= GRAPH_T_MAX:
+        try:
+            row["graph_ms"] = graph_ms(fn)
+        except Exception as e:  # noqa: BLE001  a peer that cannot be captured: reported
+            row["graph_skipped"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return row
+
+
+def _phases(T: int, H: int, config) -> dict:
+    """mhc_pre's three launches timed one by one (interleaved), the whole call, and a pure read
+    of the residual: what the projection, which reads it once and writes 100 bytes a token,
+    could take at best."""
+    import torch
+
+    from kernelnotes.mhc import kernel
+
+    residual, fn, scale, base = _inputs(T, H)[:4]
+    w = kernel._split_fn(fn)
+    dot_mix, sqrsum = kernel._project(residual, w, None, config)
+    fuse_cfg = None if config is None else config["fuse"]
+    k = 4 * H
+    partial = torch.empty(4 * T, device=DEVICE)
+    fns = {
+        "split": lambda: kernel._split_fn(fn),
+        "project": lambda: kernel._project(residual, w, None, config),
+        "fuse": lambda: kernel._fuse(dot_mix, sqrsum, residual, scale, base, 1e-6, 1e-6, 1e-6,
+                                     2.0, 20, fuse_cfg, reverse=True),
+        "whole": lambda: kernel.mhc_pre(residual, fn, scale, base, config=config),
+        "read": lambda: _read_sq[(4, triton.cdiv(T, 8))](residual, partial, T, k, k // 4,
+                                                          BT=8, BK=1024, num_warps=4),
+    }
+    r = bench_interleaved(fns, rounds=3, warmup_ms=20, rep_ms=60)
+    return {"op": "mhc_pre phases", "impl": "triton", "T": T, "H": H,
+            **{f"{key}_ms": r[key][0] for key in fns},
+            "splits": dot_mix.shape[0], "bytes_read": T * 8 * H,
+            "bytes_fuse": T * bytes_per_token("mhc_pre_from_mixes", H, S=dot_mix.shape[0])}
+
+
+@triton.jit
+def _read_sq(x_ptr, out_ptr, T, K, K_SPLIT, BT: tl.constexpr, BK: tl.constexpr):
+    """sum of x^2 over [BT tokens, K_SPLIT columns] of x [T, K] bf16: a read and nothing else."""
+    offs_t = (tl.program_id(1) * BT + tl.arange(0, BT)).to(tl.int64)
+    k_lo = tl.program_id(0) * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    acc = tl.zeros((BT, BK), tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=3):
+        offs_k = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + offs_t[:, None] * K + offs_k[None, :],
+                    mask=(offs_t < T)[:, None] & (offs_k < k_hi)[None, :], other=0.0)
+        acc += x.to(tl.float32) * x.to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0) * T + offs_t, tl.sum(acc, 1), mask=offs_t < T)
+
+
 def run(quick: bool) -> list[dict]:
     import functools
 
@@ -87,6 +146,7 @@ def run(quick: bool) -> list[dict]:
                        functools.partial(kernel.mhc_pre_from_mixes, config=stream),
                        functools.partial(kernel.mhc_post, config=stream))
     else:
+        pre_cfg = None
         triton_impl = (kernel.mhc_pre, kernel.mhc_pre_from_mixes, kernel.mhc_post)
     eager_impl = (mhc_pre_torch, mhc_pre_from_mixes_torch, mhc_post_torch)
     rows = []
@@ -95,9 +155,11 @@ def run(quick: bool) -> list[dict]:
         calls = _calls({"triton": triton_impl, "eager": eager_impl}, T, H)
         for op, by_impl in calls.items():
             for impl, fn in by_impl.items():
-                rows.append(_row(op, impl, T, H, bench_ms(fn, **timing)))
+                rows.append(_with_graph(_row(op, impl, T, H, bench_ms(fn, **timing)), fn))
         del calls
         torch.cuda.empty_cache()
+    # where mhc_pre's time goes, at T = 8192
+    rows += [_phases(T, H, pre_cfg if quick else None) for T, H in shapes if T == 8192]
     # 2. torch.compile of the same reference while the time budget lasts (compiles are slow):
     #    dynamic shapes (one graph for T > 1, one for T = 1), mhc_pre first, small T first
     budget = COMPILE_BUDGET_S
@@ -111,7 +173,7 @@ def run(quick: bool) -> list[dict]:
                 continue
             fn = _calls({"compiled": compiled}, T, H)[op]["compiled"]
             try:
-                rows.append(_row(op, "compiled", T, H, bench_ms(fn, **timing)))
+                rows.append(_with_graph(_row(op, "compiled", T, H, bench_ms(fn, **timing)), fn))
             except Exception as e:  # noqa: BLE001  a peer that fails to compile: reported
                 rows.append({"op": op, "impl": "compiled", "T": T, "H": H, "ms": None,
                              "skipped": f"{type(e).__name__}: {str(e)[:200]}"})
@@ -124,6 +186,7 @@ def summary(rows: list[dict], meta: dict) -> str:
     copy = meta["copy_gbs"]
     ms = {(r["op"], r["impl"], r["T"], r["H"]): r["ms"] for r in rows if r.get("ms")}
     gbs = {(r["op"], r["impl"], r["T"], r["H"]): r["gbs"] for r in rows if r.get("ms")}
+    graph = {(r["op"], r["impl"], r["T"], r["H"]): r["graph_ms"] for r in rows if r.get("graph_ms")}
     lines = [f"mHC, copy ceiling {copy:.0f} GB/s"]
     for H in sorted({r["H"] for r in rows}):
         for op, target in (("mhc_pre_from_mixes", 90), ("mhc_post", 90), ("mhc_pre", 55)):
@@ -138,8 +201,16 @@ def summary(rows: list[dict], meta: dict) -> str:
         for T in sorted({r["T"] for r in rows if r["T"] < 8192}):
             for op in ("mhc_pre", "mhc_pre_from_mixes", "mhc_post"):
                 t, c = ms.get((op, "triton", T, H)), ms.get((op, "compiled", T, H))
+                tg, cg = graph.get((op, "triton", T, H)), graph.get((op, "compiled", T, H))
                 if t:
                     vs = (f", torch.compile {1e3 * c:.1f} us ({c / t:.2f}x; target >= 1x)"
                           if c else "")
+                    if tg:
+                        vs += f"; CUDA graph {1e3 * tg:.1f} us" + (
+                            f", torch.compile {1e3 * cg:.1f} us ({cg / tg:.2f}x)" if cg else "")
                     lines.append(f"{op} T={T} H={H}: {1e3 * t:.1f} us{vs}")
+    for r in rows:
+        if r["op"] == "mhc_pre phases":
+            lines.append(f"mhc_pre T={r['T']} H={r['H']} phases (us): " + ", ".join(
+                f"{k[:-3]} {1e3 * v:.1f}" for k, v in r.items() if k.endswith("_ms")))
     return "\n".join(lines)

@@ -482,13 +482,19 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
         raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
     if not (num_splits is None or (isinstance(num_splits, int) and num_splits >= 1)):
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    w = torch.empty((2, N_MIX, K), dtype=torch.bfloat16, device=residual.device)
-    _mhc_split_fn_kernel[(triton.cdiv(N_MIX * K, 4096),)](fn, w, N_MIX * K, BLOCK=4096)
-    dot_mix, sqrsum = _project(residual, w, num_splits, config)
+    dot_mix, sqrsum = _project(residual, _split_fn(fn), num_splits, config)
     # the fuse kernel walks the tokens backwards: the projection's last tokens may still be in L2
     return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
                  post_mult, sinkhorn_iters, None if config is None else config["fuse"],
                  reverse=True)
+
+
+def _split_fn(fn):
+    """fn [24, K] fp32 -> [2, 24, K] bf16, its hi and lo parts (_mhc_split_fn_kernel)."""
+    n = fn.numel()
+    w = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
+    _mhc_split_fn_kernel[(triton.cdiv(n, 4096),)](fn, w, n, BLOCK=4096)
+    return w
 
 
 def _project(residual, w, num_splits, config):
