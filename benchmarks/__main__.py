@@ -1,7 +1,8 @@
-"""Run the GPU benchmarks: ``python -m benchmarks [--quick] [--commit SHA] [--out DIR] [topic ...]``.
+"""Run the GPU benchmarks:
+``python -m benchmarks [--quick] [--commit SHA] [--out DIR] [topic ...]``.
 
-Each ``benchmarks/bench_<topic>.py`` has ``run(quick: bool) -> list[dict]``; the rows are written with
-the run's provenance (GPU, driver, versions, date, commit, measured copy bandwidth) to
+Each ``benchmarks/bench_<topic>.py`` has ``run(quick: bool) -> list[dict]``; the rows are written
+with the run's provenance (GPU, driver, versions, date, commit, measured copy bandwidth) to
 ``benchmarks/results/<topic>.json`` (or ``--out``).
 """
 

@@ -1,8 +1,9 @@
-"""What every benchmark shares: timing, the measured copy ceiling, and result files with provenance.
+"""What every benchmark shares: timing, the measured copy ceiling, and result files with
+provenance.
 
-Benchmarks are not tests: they run on a CUDA GPU, time this project's kernel and the peers its issue
-names in the same run, and write ``benchmarks/results/<topic>.json``, from which the posts draw their
-tables and figures.
+Benchmarks are not tests: they run on a CUDA GPU, time this project's kernel and the peers its
+issue names in the same run, and write ``benchmarks/results/<topic>.json``, from which the posts
+draw their tables and figures.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def graph_ms(fn, *, replays: int = 100, rounds: int = 3) -> float:
 
 
 def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy rate, bytes read + written per second: the memory ceiling of this run."""
+    """Device-to-device copy rate, bytes read + written per second: this run's memory ceiling."""
     import torch
 
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()

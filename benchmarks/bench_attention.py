@@ -42,11 +42,9 @@ def _naive(q, k, v, causal):
 
 
 def _providers(causal, quick):
-    import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from kernelnotes.attention import kernel
 

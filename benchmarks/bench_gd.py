@@ -16,6 +16,7 @@ Bytes each step must move per parameter (napkin math; the effective GB/s below u
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import time
@@ -96,18 +97,18 @@ def run(quick: bool) -> list[dict]:
         b = BYTES[("adam" if algo == "adam" else "sgd", dtype)]
         # config=None tunes on a proxy (a few compiles); the quick smoke run takes a fixed one
         fixed = kernel.CONFIGS[1] if quick else None
-        ms = _time(lambda ps: ours(ps, **kw, config=fixed), shapes, dtype, quick)
+        ms = _time(functools.partial(ours, **kw, config=fixed), shapes, dtype, quick)
         tuned = next(iter(kernel._TUNED.values()), None) if len(kernel._TUNED) == 1 else fixed
         rows.append(_row(case, "kernelnotes", shapes, dtype, ms, b, _cfg_name(tuned)))
         if shape_name == "one tensor" and dtype == torch.float32 and not quick:
             for cfg in kernel.CONFIGS:  # every candidate, to see how much the choice matters
-                ms = _time(lambda ps: ours(ps, **kw, config=cfg), shapes, dtype, quick)
+                ms = _time(functools.partial(ours, **kw, config=cfg), shapes, dtype, quick)
                 rows.append(_row(case, "kernelnotes (fixed config)", shapes, dtype, ms, b,
                                  _cfg_name(cfg)))
         kernel._TUNED.clear()
         tb = BYTES[("adam-torch", dtype)] if (algo == "adam" and dtype == torch.bfloat16) else b
         for flag in ("fused", "foreach"):
-            ms = _time(lambda ps: theirs(ps, **kw, **{flag: True}), shapes, dtype, quick)
+            ms = _time(functools.partial(theirs, **kw, **{flag: True}), shapes, dtype, quick)
             rows.append(_row(case, f"torch {flag}=True", shapes, dtype, ms, tb))
     return rows
 

@@ -15,6 +15,8 @@ E.g. qr at 65536 x 16 x 16 moves 65536 * 3 * 256 * 4 B = 201 MB: 47 us at 4.25 T
 
 from __future__ import annotations
 
+import functools
+
 from benchmarks._harness import bench_ms
 
 # (batch, m, n, k): the sizes (batch * n^2 = 16 Mi entries for the square ones)
@@ -80,23 +82,24 @@ def run(quick: bool) -> list[dict]:
         err = _backward_error(L @ torch.triu(LU), pa)
         nbytes = batch * (4 * 2 * n * n + 4 * n + 4)
         flops = batch * 2 * n**3 / 3
-        rows.append(_row("lu_factor", "triton", batch, n, n, 0, _time(lambda: K.lu_factor(A)),
-                         nbytes, flops, backward_error=err, singular=int((info != 0).sum()),
+        rows.append(_row("lu_factor", "triton", batch, n, n, 0,
+                         _time(functools.partial(K.lu_factor, A)), nbytes, flops,
+                         backward_error=err, singular=int((info != 0).sum()),
                          config=(f"rows kernel {_describe(K.rows_config(K._pow2(n)))}"
                                  if n <= K.ROWS_MAX_N
                                  else _describe(getattr(K._lu_factor_tuned, "best_config", None)))))
         rows.append(_row("lu_factor", "torch", batch, n, n, 0,
-                         _time(lambda: torch.linalg.lu_factor_ex(A)), nbytes, flops))
+                         _time(functools.partial(torch.linalg.lu_factor_ex, A)), nbytes, flops))
         # ---- qr (reduced)
         Q, R = K.qr(A)
         err = max(_backward_error(Q @ R, A),
                   _backward_error(Q.mT @ Q, torch.eye(n, device="cuda").expand(batch, n, n)))
         nbytes = batch * 4 * 3 * n * n
         flops = batch * 8 * n**3 / 3  # 4/3 n^3 to factor and 4/3 n^3 to form Q (m = n)
-        rows.append(_row("qr", "triton", batch, n, n, 0, _time(lambda: K.qr(A)), nbytes, flops,
-                         backward_error=err))
-        rows.append(_row("qr", "torch", batch, n, n, 0, _time(lambda: torch.linalg.qr(A)),
-                         nbytes, flops))
+        rows.append(_row("qr", "triton", batch, n, n, 0, _time(functools.partial(K.qr, A)),
+                         nbytes, flops, backward_error=err))
+        rows.append(_row("qr", "torch", batch, n, n, 0,
+                         _time(functools.partial(torch.linalg.qr, A)), nbytes, flops))
         del A, LU, piv, info, L, perm, pa, Q, R
     for batch, n, k in (SOLVE[:1] if quick else SOLVE):
         batch //= scale
@@ -105,14 +108,17 @@ def run(quick: bool) -> list[dict]:
         LU, piv, _ = K.lu_factor(A)
         X = K.lu_solve(LU, piv, B)
         res = (A.double() @ X.double() - B.double()).flatten(1).norm(dim=1)
+        # ||AX - B|| / (||A|| ||X||)
         err = float((res / (A.double().flatten(1).norm(dim=1)
-                            * X.double().flatten(1).norm(dim=1))).max())  # ||AX - B|| / (||A|| ||X||)
+                            * X.double().flatten(1).norm(dim=1))).max())
         nbytes = batch * 4 * (n * n + n + 2 * n * k)
         flops = batch * 2 * n * n * k
-        rows.append(_row("lu_solve", "triton", batch, n, n, k, _time(lambda: K.lu_solve(LU, piv, B)),
-                         nbytes, flops, backward_error=err))
+        rows.append(_row("lu_solve", "triton", batch, n, n, k,
+                         _time(functools.partial(K.lu_solve, LU, piv, B)), nbytes, flops,
+                         backward_error=err))
         rows.append(_row("lu_solve", "torch", batch, n, n, k,
-                         _time(lambda: torch.linalg.lu_solve(LU, piv, B)), nbytes, flops))
+                         _time(functools.partial(torch.linalg.lu_solve, LU, piv, B)), nbytes,
+                         flops))
         del A, B, LU, piv, X
     for batch, m, n, k in (LSTSQ[:1] if quick else LSTSQ):
         batch //= scale
@@ -123,10 +129,11 @@ def run(quick: bool) -> list[dict]:
         err = _backward_error(X, X_ref)  # forward error against float64; cond(A) is about 3
         nbytes = batch * 4 * (m * n + m * k + n * k + 1)
         flops = batch * (2 * m * n * n - 2 * n**3 / 3 + 4 * m * n * k)
-        rows.append(_row("lstsq", "triton", batch, m, n, k, _time(lambda: K.lstsq(A, B)), nbytes,
-                         flops, forward_error=err, rank_deficient=int((info != 0).sum())))
-        rows.append(_row("lstsq", "torch", batch, m, n, k, _time(lambda: torch.linalg.lstsq(A, B)),
-                         nbytes, flops))
+        rows.append(_row("lstsq", "triton", batch, m, n, k,
+                         _time(functools.partial(K.lstsq, A, B)), nbytes, flops,
+                         forward_error=err, rank_deficient=int((info != 0).sum())))
+        rows.append(_row("lstsq", "torch", batch, m, n, k,
+                         _time(functools.partial(torch.linalg.lstsq, A, B)), nbytes, flops))
         del A, B, X, X_ref, info
     return rows
 

@@ -58,7 +58,8 @@ def summary(rows: list[dict], meta: dict) -> str:
             else f"  (target >= {TARGET:.2f}: {'met' if ratio >= TARGET else 'MISSED'})"
         )
         lines.append(
-            f"{r['op']:5s} {r['dtype']:8s} n=2^{r['n'].bit_length() - 1}: {r['gbs']:6.0f} GB/s vs torch "
-            f"{r['torch_gbs']:6.0f} GB/s = {ratio:.3f}x, {r['gbs'] / meta['copy_gbs']:.0%} of copy{flag}"
+            f"{r['op']:5s} {r['dtype']:8s} n=2^{r['n'].bit_length() - 1}: {r['gbs']:6.0f} GB/s "
+            f"vs torch {r['torch_gbs']:6.0f} GB/s = {ratio:.3f}x, "
+            f"{r['gbs'] / meta['copy_gbs']:.0%} of copy{flag}"
         )
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Content computed at build time, so that no page carries a number or a picture code could make.
 
-* Figures: every ``figure_<name>()`` in ``kernelnotes.<topic>.figures`` is drawn with matplotlib and
-  written as ``figures/<topic>/<name>.svg``; a page links it as ``![...](../figures/<topic>/<name>.svg)``.
+* Figures: every ``figure_<name>()`` in ``kernelnotes.<topic>.figures`` is drawn with matplotlib
+  and written as ``figures/<topic>/<name>.svg``; a page links it as
+  ``![...](../figures/<topic>/<name>.svg)``.
 * Tables: a line ``{{ table <topic>.<name> }}`` is replaced by the markdown that
   ``kernelnotes.<topic>.figures.table_<name>()`` returns (worked examples, benchmark results);
   ``{{ table site.<name> }}`` takes ``kernelnotes._results.table_<name>()`` (site-wide tables).

@@ -1,4 +1,5 @@
-"""Copy KaTeX from node_modules (installed by `npm ci`) into the built site: math renders with no CDN."""
+"""Copy KaTeX from node_modules (installed by `npm ci`) into the built site: math renders with no
+CDN."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ def describe() -> str:
             f"GPU mode: {torch.cuda.get_device_name()} - compiled Triton kernels at full sizes, "
             "tests marked 'gpu' included"
         )
-    return "CPU mode: Triton interpreter (TRITON_INTERPRET=1) at small sizes; tests marked 'gpu' deselected"
+    return ("CPU mode: Triton interpreter (TRITON_INTERPRET=1) at small sizes; "
+            "tests marked 'gpu' deselected")
 
 
 def size(cpu: int, gpu: int) -> int:

@@ -8,13 +8,13 @@ output and for every gradient. Under the interpreter the sizes are tiny; on a GP
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 import triton
 
 from kernelnotes import attention as attn
@@ -22,7 +22,6 @@ from kernelnotes._testing import UNIT_ROUNDOFF, dtype_name, poison_, rel_err
 from kernelnotes.attention import kernel
 from kernelnotes.attention import reference as ref
 from tests._machine import DEVICE, ON_GPU  # conftest imported it first: TRITON_INTERPRET is set
-
 
 # Under the interpreter numpy evaluates both sides of tl.where: exp2 of masked-out scores may
 # overflow there (the selected values are finite, which the tests check).
@@ -95,7 +94,7 @@ def _errors(fn, q, k, v, do, causal, sm_scale=None):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         o = f(*leaves, causal, sm_scale)
         grads = torch.autograd.grad(o, leaves, do)
-        out.append([_err(a, b) for a, b in zip((o, *grads), (o64, *g64))])
+        out.append([_err(a, b) for a, b in zip((o, *grads), (o64, *g64), strict=True)])
     return out
 
 
@@ -143,7 +142,7 @@ def test_reference_backward_equals_autograd(causal):
     leaves = [torch.tensor(a, requires_grad=True) for a in (Q, K, V)]
     o = attention_f64(*(t[None, None] for t in leaves), causal)[0, 0]
     want = torch.autograd.grad(o, leaves, torch.tensor(dO))
-    for got, w in zip((dQ, dK, dV), want):
+    for got, w in zip((dQ, dK, dV), want, strict=True):
         assert rel_err(got, w) < 1e-13
 
 
@@ -239,7 +238,7 @@ def _check_accuracy(case, deterministic, scale=1.0):
     q, k, v, do = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, scale)
     ours, math_ = _errors(_ours if deterministic else _ours_atomic, q, k, v, do, causal)
     u = UNIT_ROUNDOFF[dtype_name(dtype)]
-    for name, e, e_math in zip(("o", "dq", "dk", "dv"), ours, math_):
+    for name, e, e_math in zip(("o", "dq", "dk", "dv"), ours, math_, strict=True):
         # 2x PyTorch's error in the same precision; + u/2 for ties where both are at rounding level
         assert e <= 2 * e_math + u / 2, f"{name}: {e:.3g} vs math attention {e_math:.3g}"
         assert e <= 10 * u * max(1.0, scale), f"{name}: {e:.3g}"
@@ -264,9 +263,10 @@ def test_autotuned_gpu(D, causal):
     """config=None: the autotuned path the benchmark times, both backward variants."""
     q, k, v, do = _inputs(2, 4, 4, 1000, 1000, D, torch.bfloat16)
     for deterministic in (True, False):
-        f = lambda *a: attn.flash_attention(*a, deterministic=deterministic)  # noqa: E731
+        f = functools.partial(attn.flash_attention, deterministic=deterministic)
         ours, math_ = _errors(f, q, k, v, do, causal)
-        assert all(e <= 2 * m + UNIT_ROUNDOFF["bfloat16"] / 2 for e, m in zip(ours, math_))
+        assert all(e <= 2 * m + UNIT_ROUNDOFF["bfloat16"] / 2
+                   for e, m in zip(ours, math_, strict=True))
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["split", "atomic"])
@@ -276,7 +276,7 @@ def test_large_logits(dtype, deterministic):
     B, Hq, Hkv, N, D = (1, 2, 1, size_n := (1000 if ON_GPU else 40), 64 if ON_GPU else 16)
     q, k, v, do = _inputs(B, Hq, Hkv, size_n, size_n, D, dtype, scale=12.0)
     ours, math_ = _errors(_ours if deterministic else _ours_atomic, q, k, v, do, True)
-    for e, e_math in zip(ours, math_):
+    for e, e_math in zip(ours, math_, strict=True):
         # softmax of logits this large is nearly one-hot and amplifies input rounding of q, k by
         # |S| ~ 1e2: the absolute bound is meaningless here, only the 2x-math rule applies
         assert e <= 2 * e_math + UNIT_ROUNDOFF[dtype_name(dtype)] / 2, (e, e_math)
@@ -366,7 +366,7 @@ def test_strides_and_determinism():
                        kernel.flash_attn_fwd(*views128, config=_configs(128)[0])[0])
     g1 = kernel.flash_attn_bwd(do, *views, o2, lse, causal=True, config=_configs(q.shape[-1])[1])
     g2 = kernel.flash_attn_bwd(do, q, k, v, o1, lse, causal=True, config=_configs(q.shape[-1])[1])
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         assert torch.equal(a, b)
 
 
@@ -387,19 +387,19 @@ def test_result_does_not_depend_on_config():
     n = 300 if ON_GPU else 45
     q, k, v, do = _inputs(1, 2, 1, n, n + 7, 32, torch.float16)
     outs = []
-    for c, b in zip(configs, bwd):
+    for c, b in zip(configs, bwd, strict=True):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         o = attn.flash_attention(*leaves, True, fwd_config=c, bwd_config=b)
         outs.append((o, *torch.autograd.grad(o, leaves, do)))
     assert len(outs) == 2
-    for a, b in zip(*outs):
+    for a, b in zip(*outs, strict=True):
         assert rel_err(a, b) < 4 * UNIT_ROUNDOFF["float16"]
 
 
 def test_sm_scale_and_default():
     q, k, v, do = _inputs(1, 1, 1, 9, 9, 16, torch.bfloat16)
     ours, math_ = _errors(_ours, q, k, v, do, False, sm_scale=0.7)
-    assert all(e <= 2 * m + UNIT_ROUNDOFF["bfloat16"] / 2 for e, m in zip(ours, math_))
+    assert all(e <= 2 * m + UNIT_ROUNDOFF["bfloat16"] / 2 for e, m in zip(ours, math_, strict=True))
     a, _ = kernel.flash_attn_fwd(q, k, v, config=_configs(q.shape[-1])[0])
     b, _ = kernel.flash_attn_fwd(q, k, v, sm_scale=1 / 4, config=_configs(16)[0])  # 1/sqrt(16)
     assert torch.equal(a, b)

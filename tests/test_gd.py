@@ -146,7 +146,8 @@ def test_heavy_ball_is_torchs_momentum_buffer_form():
 def test_adam_first_step_moves_every_coordinate_by_lr():
     g = np.array([1e-4, -3.0, 250.0])
     theta, *_ = adam_update(np.zeros(3), g, np.zeros(3), np.zeros(3), 1, lr=0.01, eps=1e-12)
-    assert np.allclose(theta, -0.01 * np.sign(g), rtol=1e-6)  # bias correction: m_hat = g, v_hat = g^2
+    # bias correction: m_hat = g, v_hat = g^2
+    assert np.allclose(theta, -0.01 * np.sign(g), rtol=1e-6)
 
 
 def test_adamw_decays_towards_zero_without_gradient():
@@ -166,7 +167,7 @@ def test_schedules():
 
 
 def _sgd_reference(ps, gs, bufs, **hyper):
-    return [sgd_update(p, g, b, **hyper) for p, g, b in zip(ps, gs, bufs)]
+    return [sgd_update(p, g, b, **hyper) for p, g, b in zip(ps, gs, bufs, strict=True)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -211,8 +212,8 @@ def test_adam_step_matches_float64(dtype, hyper):
         gsk = [torch.from_numpy(g * (1 + 0.5 * k)).to(dtype).to(DEVICE) for g in g64]
         g64k = _f64(gsk)  # gradients that change between steps, as the kernel sees them
         out = [adam_update(p, g, m, v, k, vmax=vm, **hyper)
-               for p, g, m, v, vm in zip(p64, g64k, m64, v64, vm64)]
-        p64, m64, v64, vm64 = (list(col) for col in zip(*out))
+               for p, g, m, v, vm in zip(p64, g64k, m64, v64, vm64, strict=True)]
+        p64, m64, v64, vm64 = (list(col) for col in zip(*out, strict=True))
         adam_step_(ps, gsk, ms, vs, vmaxs, step=k, config=CFG, **hyper)
         if dtype == torch.bfloat16:
             p64 = [torch.from_numpy(p).to(dtype).double().numpy() for p in p64]
@@ -242,7 +243,7 @@ def test_steps_write_only_inside_their_tensors_at_any_alignment():
         inside[off:off + k] = True
         off += k + 13
     assert torch.all(store[~inside] == 7.0)
-    for v, b in zip(views, before):
+    for v, b in zip(views, before, strict=True):
         assert torch.allclose(v, b - 0.5)  # the first Adam step moves by lr * sign(g)
 
 
@@ -257,7 +258,7 @@ def _run_pair(ours_cls, torch_cls, kwargs, steps, dtype=torch.float32, shapes=SH
     ref = torch_cls(qs, **kwargs)
     gen = torch.Generator().manual_seed(2)
     for _ in range(steps):
-        for p, q in zip(ps, qs):
+        for p, q in zip(ps, qs, strict=True):
             g = torch.randn(p.shape, generator=gen).to(dtype).to(DEVICE)
             p.grad, q.grad = g, g.clone()
         ours.step()
@@ -273,13 +274,13 @@ def _replay_f64(kind, kwargs, steps, shapes=SHAPES):
     hyper = dict(kwargs)
     for k in range(1, steps + 1):
         gs = _f64([torch.randn(s, generator=gen) for s in shapes])
-        for i, (p, g) in enumerate(zip(ps, gs)):
+        for i, (p, g) in enumerate(zip(ps, gs, strict=True)):
             if kind == "sgd":
                 ps[i], state[i]["b"] = sgd_update(p, g, state[i].get("b"), **hyper)
             else:
                 h = {k2: v for k2, v in hyper.items() if k2 != "betas"}
                 b1, b2 = hyper.get("betas", (0.9, 0.999))
-                m, v, vm = state[i].get("m", 0 * p), state[i].get("v", 0 * p), state[i].get("vm", 0 * p)
+                m, v, vm = (state[i].get(key, 0 * p) for key in ("m", "v", "vm"))
                 ps[i], state[i]["m"], state[i]["v"], state[i]["vm"] = adam_update(
                     p, g, m, v, k, beta1=b1, beta2=b2, vmax=vm, **h)
     return ps
@@ -315,14 +316,15 @@ def test_100_steps_match_torch_optim_to_fp32_rounding(kind, ours_cls, torch_cls,
 def test_options_match_torch_optim(ours_cls, torch_cls, kwargs):
     ps, qs, ours, ref = _run_pair(ours_cls, torch_cls, kwargs, size(4, 20))
     assert rel_err(_flat(ps), _flat(qs)) < 10 * U32 * math.sqrt(size(4, 20))
-    for sp, sq in zip(ours.state.values(), ref.state.values()):
+    for sp, sq in zip(ours.state.values(), ref.state.values(), strict=True):
         assert sp.keys() == sq.keys()  # torch's state names: state dicts load either way
 
 
 def test_drops_into_a_training_loop_and_state_dicts_interchange():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(DEVICE)
-    twin = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(DEVICE)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1)).to(DEVICE)
+    twin = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1)).to(DEVICE)
     twin.load_state_dict(model.state_dict())
     x, y = torch.randn(64, 6, device=DEVICE), torch.randn(64, 1, device=DEVICE)
     ours = AdamW(model.parameters(), lr=1e-2, config=CFG)
@@ -349,7 +351,7 @@ def test_a_parameter_without_gradient_keeps_its_own_step_count():
     qs = [p.clone() for p in ps]
     ours, ref = Adam(ps, lr=0.1, config=CFG), torch.optim.Adam(qs, lr=0.1)
     for k in range(4):
-        for i, (p, q) in enumerate(zip(ps, qs)):
+        for i, (p, q) in enumerate(zip(ps, qs, strict=True)):
             if i == 1 and k < 2:  # the second tensor gets no gradient in the first two steps
                 p.grad = q.grad = None
             else:
@@ -453,13 +455,15 @@ def test_step_plan_sees_a_parameter_change_dtype_or_device(cls):
 
 def test_refusals():
     p = torch.zeros(4, device=DEVICE)
-    with pytest.raises(TypeError, match=r"params\[0\] must have dtype in \(float32, bfloat16\), got float64"):
+    with pytest.raises(TypeError,
+                       match=r"params\[0\] must have dtype in \(float32, bfloat16\), got float64"):
         sgd_step_([p.double()], [p.double()], lr=0.1, config=CFG)
     with pytest.raises(TypeError, match=r"params\[0\] must have dtype .* got float16"):
         adam_step_([p.half()], [p.half()], [p], [p], step=1, lr=0.1, config=CFG)
     with pytest.raises(TypeError, match=r"grads\[0\] must have dtype in \(float32\), got bfloat16"):
         sgd_step_([p], [p.bfloat16()], lr=0.1, config=CFG)
-    with pytest.raises(TypeError, match=r"exp_avgs\[0\] must have dtype in \(float32\), got bfloat16"):
+    with pytest.raises(TypeError,
+                       match=r"exp_avgs\[0\] must have dtype in \(float32\), got bfloat16"):
         adam_step_([p.bfloat16()], [p.bfloat16()], [p.bfloat16()], [p], step=1, lr=0.1, config=CFG)
     with pytest.raises(ValueError, match=r"grads\[0\] is on meta, expected"):
         sgd_step_([p], [torch.zeros(4, device="meta")], lr=0.1, config=CFG)
@@ -478,11 +482,13 @@ def test_refusals():
         adam_step_([p], [p], [p], [p], step=0, lr=0.1, config=CFG)
     with pytest.raises(ValueError, match="non-empty list"):
         sgd_step_([], [], lr=0.1, config=CFG)
-    with pytest.raises(TypeError, match=r"grads\[0\] is sparse: sparse gradients are not supported"):
+    with pytest.raises(TypeError,
+                       match=r"grads\[0\] is sparse: sparse gradients are not supported"):
         sgd_step_([p], [torch.zeros(4, device=DEVICE).to_sparse()], lr=0.1, config=CFG)
     other = "cpu" if ON_GPU else "meta"
     with pytest.raises(ValueError, match=r"params\[0\] is on (cpu|meta)"):
-        sgd_step_([torch.zeros(4, device=other)], [torch.zeros(4, device=other)], lr=0.1, config=CFG)
+        sgd_step_([torch.zeros(4, device=other)], [torch.zeros(4, device=other)], lr=0.1,
+                  config=CFG)
 
 
 def test_optimizer_refusals():
@@ -522,7 +528,7 @@ def test_gpu_full_size_adam_and_sgd_match_torch_fused_on_a_model_shaped_list():
         qs = [p.clone() for p in ps]
         ours, ref = ours_cls(ps, **kw), torch_cls(qs, fused=True, **kw)  # config=None: tuned
         for _ in range(10):
-            for p, q in zip(ps, qs):
+            for p, q in zip(ps, qs, strict=True):
                 p.grad = torch.randn_like(p)
                 q.grad = p.grad.clone()
             ours.step()
@@ -566,7 +572,7 @@ def test_lr_schedulers_drive_the_fused_step():
     ours, ref = SGD(ps, lr=0.5, momentum=0.9, config=CFG), torch.optim.SGD(qs, lr=0.5, momentum=0.9)
     sched = [torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4) for o in (ours, ref)]
     for _ in range(4):
-        for p, q in zip(ps, qs):
+        for p, q in zip(ps, qs, strict=True):
             p.grad = torch.ones_like(p)
             q.grad = p.grad.clone()
         ours.step()

@@ -39,5 +39,6 @@ def test_launchers_resolve_lazily_and_unknown_names_fail_clearly(topic, name):
 
     module = importlib.import_module(f"kernelnotes.{topic}")
     assert callable(getattr(module, name))
-    with pytest.raises(AttributeError, match=f"module 'kernelnotes.{topic}' has no attribute 'nope'"):
+    with pytest.raises(AttributeError,
+                       match=f"module 'kernelnotes.{topic}' has no attribute 'nope'"):
         module.nope  # noqa: B018

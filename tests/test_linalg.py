@@ -1,4 +1,5 @@
-"""LU, QR and least squares: the NumPy references against float64 LAPACK, the Triton kernels against both.
+"""LU, QR and least squares: the NumPy references against float64 LAPACK, the Triton kernels
+against both.
 
 Error measures are the backward errors the post bounds: ||P A - L U|| / ||A||, ||Q R - A|| / ||A||,
 ||Q^T Q - I||, each within a small multiple of n u (u = fp32 unit roundoff for the kernels), and
@@ -187,7 +188,8 @@ def test_reference_lstsq_normal_equations_lose_twice_the_digits():
 
 
 def test_growth_factor_wilkinson():
-    """Partial pivoting on the classic worst case: U_nn = 2^(n-1), exact in fp64, and the solve fails."""
+    """Partial pivoting on the classic worst case: U_nn = 2^(n-1), exact in fp64, and the solve
+    fails."""
     n = 60
     A = ref.wilkinson_growth_matrix(n)
     LU, piv = ref.lu_factor(A)
@@ -217,7 +219,8 @@ def test_lu_factor(n):
     g = torch.Generator().manual_seed(n)
     A = torch.randn(batch, n, n, generator=g).to(DEVICE)
     out = tuple(poison_(t) if t.is_floating_point() else t.fill_(-7) for t in (
-        torch.empty(batch, n, n, device=DEVICE), torch.empty(batch, n, dtype=torch.int32, device=DEVICE),
+        torch.empty(batch, n, n, device=DEVICE),
+        torch.empty(batch, n, dtype=torch.int32, device=DEVICE),
         torch.empty(batch, dtype=torch.int32, device=DEVICE)))
     LU, piv, info = K.lu_factor(A, config=_config(), out=out)
     assert LU is out[0] and torch.isfinite(LU).all() and (piv >= 1).all() and (info == 0).all()
@@ -287,7 +290,8 @@ def test_lu_solve(n, k):
     A = (torch.randn(batch, n, n, generator=g) + n**0.5 * torch.eye(n)).to(DEVICE)
     B = torch.randn(batch, n, k, generator=g).to(DEVICE)
     LU, piv, _ = K.lu_factor(A, config=_config())
-    X = K.lu_solve(LU, piv, B, config=_config(), out=poison_(torch.empty(batch, n, k, device=DEVICE)))
+    X = K.lu_solve(LU, piv, B, config=_config(),
+                   out=poison_(torch.empty(batch, n, k, device=DEVICE)))
     assert torch.isfinite(X).all()
     Ad, Xd, Bd = A.double(), X.double(), B.double()
     backward = ((Ad @ Xd - Bd).flatten(1).norm(dim=1)
@@ -306,7 +310,8 @@ def test_qr(shape):
     batch = size(3, 2048)
     g = torch.Generator().manual_seed(m * 100 + n)
     A = torch.randn(batch, m, n, generator=g).to(DEVICE)
-    Q0, R0 = poison_(torch.empty(batch, m, p, device=DEVICE)), poison_(torch.empty(batch, p, n, device=DEVICE))
+    Q0 = poison_(torch.empty(batch, m, p, device=DEVICE))
+    R0 = poison_(torch.empty(batch, p, n, device=DEVICE))
     Q, R = K.qr(A, config=_config(), out=(Q0, R0))
     assert Q is Q0 and torch.isfinite(Q).all() and torch.isfinite(R).all()
     assert torch.equal(R, torch.triu(R))
@@ -370,7 +375,8 @@ def test_batch_elements_are_independent_and_batch_shapes():
     A[0, 1] = float("nan")  # one bad matrix must not leak into its neighbours
     Q, R = K.qr(A.to(DEVICE), config=_config())
     assert Q.shape == (2, 3, 9, 6) and R.shape == (2, 3, 6, 6)
-    assert torch.isnan(R[0, 1]).any() and torch.isfinite(R[0, 0]).all() and torch.isfinite(R[1]).all()
+    assert torch.isnan(R[0, 1]).any()
+    assert torch.isfinite(R[0, 0]).all() and torch.isfinite(R[1]).all()
     q1, r1 = K.qr(A[1, 2].to(DEVICE), config=_config())
     assert torch.equal(r1, R[1, 2]) and torch.equal(q1, Q[1, 2])
     LU, piv, info = K.lu_factor(torch.empty(0, 5, 5, device=DEVICE), config=_config())
@@ -421,7 +427,8 @@ def test_full_size_autotuned(op, shape):
     """The issue's sizes through the autotuned path (config=None)."""
     K = _kernel()
     batch, m, n = shape
-    A = torch.randn(batch, m, n, device="cuda", generator=torch.Generator("cuda").manual_seed(m + n))
+    g = torch.Generator("cuda").manual_seed(m + n)
+    A = torch.randn(batch, m, n, device="cuda", generator=g)
     if op == "lu":
         LU, piv, info = K.lu_factor(A)
         L, U = _unpack(LU)
@@ -441,8 +448,9 @@ def test_full_size_autotuned(op, shape):
 
 
 def _wedin_bound(A, B, X, cond: float) -> float:
-    """10 n u (cond + cond^2 ||r|| / (||A|| ||x||)): the forward error a backward-stable least-squares
-    solver may make (Wedin 1973; Higham, Accuracy and Stability, Thm. 20.1), worst batch element."""
+    """10 n u (cond + cond^2 ||r|| / (||A|| ||x||)): the forward error a backward-stable
+    least-squares solver may make (Wedin 1973; Higham, Accuracy and Stability, Thm. 20.1), worst
+    batch element."""
     r = (A @ X - B).flatten(1).norm(dim=1)
     ratio = (r / (A.flatten(1).norm(dim=1) * X.flatten(1).norm(dim=1))).max().item()
     return 10 * A.shape[-1] * U32 * (cond + cond**2 * ratio)

@@ -150,7 +150,8 @@ def _sweep_bits(n: int) -> np.ndarray:
 
 def _reference(x: np.ndarray, inverse: bool) -> np.ndarray:
     """The correctly rounded float32 result, through float64 (sqrt in float64 then rounded to
-    float32 is correctly rounded; 1/sqrt too, but for ties within 2^-53, which the 1-ulp bound covers)."""
+    float32 is correctly rounded; 1/sqrt too, but for ties within 2^-53, which the 1-ulp bound
+    covers)."""
     x64 = x.astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         r = 1.0 / np.sqrt(x64) if inverse else np.sqrt(x64)

@@ -1,4 +1,5 @@
-"""Every notebook under docs/notebooks executes top to bottom, as mkdocs-jupyter runs it at build."""
+"""Every notebook under docs/notebooks executes top to bottom, as mkdocs-jupyter runs it at
+build."""
 
 from __future__ import annotations
 

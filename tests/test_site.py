@@ -127,9 +127,11 @@ _RAW_TEX = """() => {
   const walker = document.createTreeWalker(document.querySelector('article') || document.body,
                                            NodeFilter.SHOW_TEXT);
   for (let n = walker.nextNode(); n; n = walker.nextNode()) {
-    if (n.parentElement.closest('pre, code, script, style, .katex, .highlight, .jp-OutputArea')) continue;
+    if (n.parentElement.closest('pre, code, script, style, .katex, .highlight, .jp-OutputArea'))
+      continue;
     const t = n.textContent;
-    if (/\\$\\$|\\$[^$\\s][^$]*\\$|\\\\\\(|\\\\\\[|\\\\frac|\\\\sqrt/.test(t)) out.push(t.trim().slice(0, 80));
+    if (/\\$\\$|\\$[^$\\s][^$]*\\$|\\\\\\(|\\\\\\[|\\\\frac|\\\\sqrt/.test(t))
+      out.push(t.trim().slice(0, 80));
   }
   return out;
 }"""
@@ -179,7 +181,8 @@ def test_reference_and_triton_tabs_switch_together(page, base_url):
     def selected() -> list[str]:
         return page.evaluate("""() => [...document.querySelectorAll('.tabbed-set')].map(s => {
             const i = [...s.querySelectorAll(':scope > input')].findIndex(x => x.checked);
-            return s.querySelectorAll(':scope > .tabbed-labels > label')[i].textContent.trim(); })""")
+            return s.querySelectorAll(':scope > .tabbed-labels > label')[i].textContent.trim();
+        })""")
 
     assert set(selected()) == {"Reference (NumPy)"}
     page.locator(".tabbed-labels label", has_text="Triton").first.click()

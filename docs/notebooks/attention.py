@@ -70,7 +70,8 @@ for name, X, G in (("Q", Q, dQ), ("K", K, dK), ("V", V, dV)):
     E = np.zeros_like(X)
     E[idx] = h
     def loss(delta, name=name):
-        Qx, Kx, Vx = (A + delta if n == name else A for n, A in zip("QKV", (Q, K, V)))
+        Qx, Kx, Vx = (A + delta if n == name else A for n, A in zip("QKV", (Q, K, V), strict=True))
         return (attention_naive(Qx, Kx, Vx, causal)[0] * dO).sum()
     numeric = (loss(E) - loss(-E)) / (2 * h)
-    print(f"d{name}{[int(i) for i in idx]}: recomputation {G[idx]: .8f}, central difference {numeric: .8f}")
+    print(f"d{name}{[int(i) for i in idx]}: recomputation {G[idx]: .8f}, "
+          f"central difference {numeric: .8f}")

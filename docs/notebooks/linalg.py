@@ -9,8 +9,16 @@
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kernelnotes.linalg.reference import (cgs, form_q, growth_factor, householder_qr, lstsq_normal,
-                                          lstsq_qr, lu_factor, mgs)
+from kernelnotes.linalg.reference import (
+    cgs,
+    form_q,
+    growth_factor,
+    householder_qr,
+    lstsq_normal,
+    lstsq_qr,
+    lu_factor,
+    mgs,
+)
 
 # the knobs: edit these
 sizes = [4, 8, 16, 32, 64]  # matrix orders for the growth-factor experiment
@@ -43,8 +51,8 @@ plt.show()
 
 # %% [markdown]
 # ## Loss of orthogonality on a matrix you choose
-# Here the columns are monomials $1, x, x^2, \dots$ on $[0, 1]$: the more columns, the closer they are
-# to being dependent. Replace `make` with your own matrix.
+# Here the columns are monomials $1, x, x^2, \dots$ on $[0, 1]$: the more columns, the closer they
+# are to being dependent. Replace `make` with your own matrix.
 
 # %%
 def make(n_cols: int) -> np.ndarray:

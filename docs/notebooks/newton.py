@@ -1,8 +1,8 @@
 # %% [markdown]
 # # Newton's method, interactively
 #
-# Change `f`, its derivative, the starting point `x0` and the number of iterations in the first cell,
-# then re-run the notebook. The solvers are the ones from the
+# Change `f`, its derivative, the starting point `x0` and the number of iterations in the first
+# cell, then re-run the notebook. The solvers are the ones from the
 # [Newton post](../posts/01-newton.md): `kernelnotes.newton.newton`, `halley` and `bisection`.
 
 # %%
@@ -41,7 +41,8 @@ for name, x in runs.items():
 
 # %% [markdown]
 # ## Errors on a log scale and the empirical order
-# $q_n = \log(e_{n+1}/e_n) / \log(e_n/e_{n-1})$ tends to 2 for Newton and 3 for Halley near a simple root.
+# $q_n = \log(e_{n+1}/e_n) / \log(e_n/e_{n-1})$ tends to 2 for Newton and 3 for Halley near a
+# simple root.
 
 # %%
 fig, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -72,7 +73,7 @@ grid = np.linspace(lo, hi, 400)
 fig, ax = plt.subplots(figsize=(6.4, 3.6))
 ax.plot(grid, [f(g) for g in grid], label="$f$")
 ax.axhline(0, color="k", lw=0.6)
-for a, b in zip(x[:-1], x[1:]):
+for a, b in zip(x[:-1], x[1:], strict=True):
     ax.plot([a, a, b], [0, f(a), 0], color="tab:red", lw=1)
 ax.plot(x, [0] * len(x), "o", color="tab:red", ms=4, label="$x_n$")
 ax.legend()

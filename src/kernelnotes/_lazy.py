@@ -1,4 +1,5 @@
-"""Topic packages export their Triton launchers without importing torch or triton until first use."""
+"""Topic packages export their Triton launchers without importing torch or triton until first
+use."""
 
 from __future__ import annotations
 

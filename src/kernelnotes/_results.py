@@ -58,7 +58,8 @@ def table_results() -> str:
             ]
         )
     if not rows:
-        return '!!! info "No benchmark results yet"\n    Run `bash scripts/dev bench` on a CUDA machine.'
+        return ('!!! info "No benchmark results yet"\n'
+                "    Run `bash scripts/dev bench` on a CUDA machine.")
     return markdown_table(
         ["topic", "GPU", "driver", "torch", "triton", "date", "commit", "copy GB/s"], rows
     )

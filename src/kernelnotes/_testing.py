@@ -24,7 +24,8 @@ def dtype_name(dtype) -> str:
 
 
 def rel_err(got, ref) -> float:
-    """Relative-norm error ||got - ref|| / ||ref|| in float64 (Frobenius norm of the flattened arrays).
+    """Relative-norm error ||got - ref|| / ||ref|| in float64 (Frobenius norm of the flattened
+    arrays).
 
     NaN anywhere in ``got`` where ``ref`` is finite gives ``inf``, so a NaN never passes a bound.
     """

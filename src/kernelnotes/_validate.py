@@ -47,12 +47,14 @@ def check_tensor(
 
 
 def interpreted(kernel) -> bool:
-    """Whether a @triton.jit function runs in Triton's interpreter (TRITON_INTERPRET=1 at its import)."""
+    """Whether a @triton.jit function runs in Triton's interpreter (TRITON_INTERPRET=1 at its
+    import)."""
     return type(kernel).__name__ == "InterpretedFunction"
 
 
 def check_kernel_device(name: str, t, kernel) -> None:
-    """Compiled Triton kernels need CUDA tensors; the interpreter (TRITON_INTERPRET=1) needs CPU ones."""
+    """Compiled Triton kernels need CUDA tensors; the interpreter (TRITON_INTERPRET=1) needs CPU
+    ones."""
     if interpreted(kernel) and t.device.type != "cpu":
         raise ValueError(
             f"{name} is on {t.device}, but Triton runs in the interpreter (TRITON_INTERPRET=1): "

@@ -7,6 +7,7 @@ that results are pending while that file does not exist.
 
 from __future__ import annotations
 
+import functools
 import tracemalloc
 
 import numpy as np
@@ -97,8 +98,8 @@ def measured_peak_bytes(Ns=(128, 256, 512, 1024, 2048), d=64, B=64):
     out = {"naive": [], "flash": []}
     for N in Ns:
         Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))
-        for name, fn in (("naive", lambda: ref.attention_naive(Q, K, V)),
-                         ("flash", lambda: ref.flash_attention_forward(Q, K, V, B, B))):
+        for name, fn in (("naive", functools.partial(ref.attention_naive, Q, K, V)),
+                         ("flash", functools.partial(ref.flash_attention_forward, Q, K, V, B, B))):
             tracemalloc.start()
             fn()
             out[name].append(tracemalloc.get_traced_memory()[1])
@@ -188,7 +189,7 @@ def figure_tflops():
                 pts = sorted((r["N"], r["tflops"]) for r in rows if r["impl"] == impl
                              and r["D"] == D and r["pass"] == pass_ and r["causal"] == causal)
                 if pts:
-                    ax.plot(*zip(*pts), style, label=impl)
+                    ax.plot(*zip(*pts, strict=True), style, label=impl)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{pass_}, D={D}, {'causal' if causal else 'non-causal'}", fontsize=9)
             ax.grid(True, alpha=0.3)
@@ -199,7 +200,7 @@ def figure_tflops():
     handles = {}
     for ax in axes.flat:
         ax.set_ylim(bottom=0)
-        for h, label in zip(*ax.get_legend_handles_labels()):
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
     fig.suptitle(f"bf16, 16 heads, batch x N = 65536 - {data['meta']['gpu']}, "
                  f"{data['meta']['date'][:10]}", fontsize=10)
@@ -224,7 +225,7 @@ def figure_gpu_memory():
     for impl, style in (("naive", "x:"), ("sdpa_flash", "s--"), ("triton_fa2", "o-")):
         pts = sorted((r["N"], r["fwd_peak_mib"] / r["B"]) for r in rows if r["impl"] == impl)
         if pts:
-            ax.loglog(*zip(*pts), style, base=2, label=impl)
+            ax.loglog(*zip(*pts, strict=True), style, base=2, label=impl)
     ax.set_xlabel("N (bf16, 16 heads, D = 128)")
     ax.set_ylabel("MiB per sequence")
     ax.set_title(f"{data['meta']['gpu']}, {data['meta']['date'][:10]}", fontsize=9)

@@ -205,7 +205,7 @@ def figure_lr_paths():
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.6, 3.6))
     xs = np.linspace(-2.2, 2.2, 200)
     ax0.plot(xs, xs**2, color="grey", lw=1)
-    for a, c in zip((0.1, 0.75), ("C0", "C1")):
+    for a, c in zip((0.1, 0.75), ("C0", "C1"), strict=True):
         x = x_squared_path(a, 6)
         ax0.plot(x, x**2, "-o", ms=4, color=c, lw=0.8, label=f"$\\alpha$ = {a}")
     ax0.set_xlim(-2.2, 2.2)
@@ -215,7 +215,7 @@ def figure_lr_paths():
     ax0.set_title("monotone ($\\alpha$ < 1/2) and oscillating ($1/2 < \\alpha$ < 1)", fontsize=9)
     ax0.legend(fontsize=8)
     k = np.arange(31)
-    for a, m in zip(SEED_RATES + (0.75,), "osd^"):
+    for a, m in zip(SEED_RATES + (0.75,), "osd^", strict=True):
         ax1.semilogy(k, np.abs(x_squared_path(a, 30)), marker=m, ms=3, label=f"$\\alpha$ = {a}")
     ax1.set_xlabel("step $k$")
     ax1.set_ylabel("$|x_k|$")
@@ -236,7 +236,7 @@ def figure_contour():
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     t1, t2, f = _paraboloid_grid()
     ax.contour(t1, t2, f, levels=np.linspace(0.5, 24, 12), colors="grey", linewidths=0.6)
-    for a, c in zip(RATES_2D, ("C0", "C1")):
+    for a, c in zip(RATES_2D, ("C0", "C1"), strict=True):
         p = gd(paraboloid_grad, THETA0_2D, a, 15)
         ax.plot(p[:, 0], p[:, 1], "-o", ms=3, color=c, lw=1, label=f"$\\alpha$ = {a}")
     ax.plot(0, 0, "k*", ms=8)

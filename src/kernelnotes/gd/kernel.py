@@ -4,7 +4,8 @@ Order: the jit kernels (SGD, Adam/AdamW), then the torch-facing multi-tensor lau
 ``sgd_step_`` and ``adam_step_``, each a checked plan (``sgd_plan``/``adam_plan``: validation,
 table, config) followed by a bare launch (``sgd_launch``/``adam_launch``), so that a caller that
 keeps the plan (the optimizers do) pays only for the launch on later steps. The
-``torch.optim.Optimizer`` classes built on them live in ``optim.py``. The post (docs/posts/04-gradient-descent.md) derives the updates.
+``torch.optim.Optimizer`` classes built on them live in ``optim.py``. The post
+(docs/posts/04-gradient-descent.md) derives the updates.
 
 One launch, many tensors: the launcher writes a small int64 table on the device holding, for every
 tensor, the address of each of its streams (parameter, gradient, state buffers) and its length,
@@ -17,6 +18,7 @@ passed as fp32 arguments, as torch.optim does.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 
@@ -247,7 +249,7 @@ def _check(streams: dict[str, list], kernel) -> tuple[torch.dtype, torch.device]
         if len(tensors) != len(params):
             raise ValueError(f"{name} has {len(tensors)} tensors, params has {len(params)}")
         want = (dtype,) if name in ("params", "grads") else (STATE_DTYPE,)
-        for i, (t, p) in enumerate(zip(tensors, params)):
+        for i, (t, p) in enumerate(zip(tensors, params, strict=True)):
             if isinstance(t, torch.Tensor) and t.is_sparse:
                 raise TypeError(f"{name}[{i}] is sparse: sparse gradients are not supported")
             check_tensor(f"{name}[{i}]", t, dtypes=want, contiguous=True, device=device)
@@ -440,15 +442,15 @@ def tuned_config(kind: str, dtype=torch.float32, flags: tuple | None = None, n: 
     for cfg in CONFIGS:
         if kind == "sgd":
             momentum, nesterov, wd, maximize = flags or (True, False, False, False)
-            fn = lambda: sgd_step_([p], [g], [state[0]], lr=1e-6, momentum=0.9 if momentum else 0,
-                                   nesterov=nesterov, weight_decay=1e-6 if wd else 0,
-                                   maximize=maximize, config=cfg)
+            fn = functools.partial(sgd_step_, [p], [g], [state[0]], lr=1e-6,
+                                   momentum=0.9 if momentum else 0, nesterov=nesterov,
+                                   weight_decay=1e-6 if wd else 0, maximize=maximize, config=cfg)
         else:
             wd_mode, amsgrad, maximize = flags or (0, False, False)
-            fn = lambda: adam_step_([p], [g], [state[0]], [state[1]], [state[2]], step=10,
-                                    lr=1e-6, weight_decay=1e-6 if wd_mode else 0,
-                                    decoupled=wd_mode == 2, amsgrad=amsgrad, maximize=maximize,
-                                    config=cfg)
+            fn = functools.partial(adam_step_, [p], [g], [state[0]], [state[1]], [state[2]],
+                                   step=10, lr=1e-6, weight_decay=1e-6 if wd_mode else 0,
+                                   decoupled=wd_mode == 2, amsgrad=amsgrad, maximize=maximize,
+                                   config=cfg)
         ms = triton.testing.do_bench(fn, warmup=5, rep=20)
         if ms < best_ms:
             best, best_ms = cfg, ms

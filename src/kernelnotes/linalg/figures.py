@@ -1,4 +1,5 @@
-"""Figures and tables of the LU/QR and linear-regression posts, computed at build time (hooks/computed.py).
+"""Figures and tables of the LU/QR and linear-regression posts, computed at build time
+(hooks/computed.py).
 
 matplotlib and the benchmark results are read inside the functions, so importing this module
 costs nothing.
@@ -22,13 +23,14 @@ def figure_orthogonality():
 
     loss = orthogonality_loss(CONDS_ORTH)
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for (name, v), marker in zip(loss.items(), "osd"):
+    for (name, v), marker in zip(loss.items(), "osd", strict=True):
         ax.loglog(CONDS_ORTH, v, marker=marker, ms=4, label=name)
     ax.loglog(CONDS_ORTH, U64 * CONDS_ORTH, "k:", lw=0.8, label=r"$u\,\kappa$")
     ax.loglog(CONDS_ORTH, np.minimum(U64 * CONDS_ORTH**2, 1), "k--", lw=0.8, label=r"$u\,\kappa^2$")
     ax.set_xlabel(r"condition number $\kappa_2(A)$ (A is 60 x 12)")
     ax.set_ylabel(r"$\|Q^T Q - I\|_2$")
-    ax.set_title("Loss of orthogonality in float64: CGS ~ u κ², MGS ~ u κ, Householder ~ u", fontsize=9)
+    ax.set_title("Loss of orthogonality in float64: CGS ~ u κ², MGS ~ u κ, Householder ~ u",
+                 fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(True, which="major", alpha=0.3)
     return fig
@@ -39,7 +41,7 @@ def figure_digits_lost():
 
     lost = digits_lost(CONDS_LSTSQ)
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for (name, v), marker in zip(lost.items(), "os"):
+    for (name, v), marker in zip(lost.items(), "os", strict=True):
         ax.semilogx(CONDS_LSTSQ, v, marker=marker, ms=4, label=name)
     ax.semilogx(CONDS_LSTSQ, np.log10(CONDS_LSTSQ), "k:", lw=0.8, label=r"$\log_{10}\kappa$")
     ax.semilogx(CONDS_LSTSQ, np.minimum(2 * np.log10(CONDS_LSTSQ), -np.log10(U64)), "k--", lw=0.8,
@@ -61,7 +63,7 @@ def figure_regression_line():
     ax.scatter(x, y, s=14, label="data $(x_i, y_i)$")
     xs = np.array([0.0, 10.0])
     ax.plot(xs, m * xs + b, color="tab:red", label=f"best fit $\\hat y = {m:.3f}\\,x + {b:.3f}$")
-    for xi, yi in zip(x, y):
+    for xi, yi in zip(x, y, strict=True):
         ax.plot([xi, xi], [yi, m * xi + b], color="grey", lw=0.6)
     ax.set_xlabel("$x$")
     ax.set_ylabel("$y$")
@@ -111,8 +113,9 @@ def _bench_table(ops: tuple[str, ...]) -> str:
     for q in speedups(res["rows"], ops):
         size = f"{q['batch']} x {q['m']} x {q['n']}" + (f", k = {q['k']}" if q["k"] else "")
         target = f"{q['target']:g}x" if q.get("target") else "-"
-        body.append([q["op"], size, f"{q['ms']:.3f}", f"{q['torch_ms']:.3f}", f"{q['speedup']:.1f}x",
-                     target, f"{q['gbs']:.0f}", f"{100 * q['gbs'] / meta['copy_gbs']:.0f} %"])
+        body.append([q["op"], size, f"{q['ms']:.3f}", f"{q['torch_ms']:.3f}",
+                     f"{q['speedup']:.1f}x", target, f"{q['gbs']:.0f}",
+                     f"{100 * q['gbs'] / meta['copy_gbs']:.0f} %"])
     table = markdown_table(["op", "batch x m x n", "Triton ms", "torch.linalg ms", "speed-up",
                             "target", "Triton GB/s", "of copy roofline"], body)
     return (table + "\n\n" + provenance(meta)
@@ -129,8 +132,13 @@ def table_bench_lstsq() -> str:
 
 def table_growth() -> str:
     """Growth factor of partial pivoting on Wilkinson's matrix, and what it does to a solve."""
-    from kernelnotes.linalg.reference import (growth_factor, lstsq_qr, lu_factor, lu_solve,
-                                              wilkinson_growth_matrix)
+    from kernelnotes.linalg.reference import (
+        growth_factor,
+        lstsq_qr,
+        lu_factor,
+        lu_solve,
+        wilkinson_growth_matrix,
+    )
 
     rows = []
     for n in (10, 20, 30, 40, 50, 60):

@@ -1,8 +1,10 @@
-"""LU and QR decompositions, triangular solves and least squares, written the way the post writes them.
+"""LU and QR decompositions, triangular solves and least squares, written the way the post writes
+them.
 
 Symbols follow docs/posts/02-lu-qr.md: A = LU (or PA = LU), A = QR, reflectors H = I - v v^T with
 v^T v = 2, and the compact WY form H_1 ... H_k = I + W Y^T. NumPy only: imports without torch.
-Loops are kept where the post has loops; clarity costs speed here, the Triton kernels are the fast path.
+Loops are kept where the post has loops; clarity costs speed here, the Triton kernels are the fast
+path.
 """
 
 from __future__ import annotations

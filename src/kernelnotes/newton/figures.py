@@ -17,7 +17,8 @@ ROOT2 = math.sqrt(2.0)
 
 
 def sqrt2_runs() -> dict[str, np.ndarray]:
-    """Iterates of the three solvers on f(x) = x^2 - 2 (Newton and Halley from 2, bisection on [1, 2])."""
+    """Iterates of the three solvers on f(x) = x^2 - 2 (Newton and Halley from 2, bisection on
+    [1, 2])."""
     f, df, d2f = (lambda x: x * x - 2.0), (lambda x: 2.0 * x), (lambda x: 2.0)
     return {
         "Newton": newton(f, df, 2.0),
@@ -55,7 +56,7 @@ def figure_sqrt2_errors():
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for (name, x), marker in zip(sqrt2_runs().items(), "osd"):
+    for (name, x), marker in zip(sqrt2_runs().items(), "osd", strict=True):
         e = np.abs(x - ROOT2)
         n = np.arange(len(e))
         keep = e > 0  # a log axis cannot show an exact hit
@@ -66,7 +67,8 @@ def figure_sqrt2_errors():
     ax.set_xlabel("iteration $n$")
     ax.set_ylabel("$|x_n - \\sqrt{2}|$")
     ax.set_title(
-        "Solving $x^2 - 2 = 0$: digits double (Newton), triple (Halley), one bit a step (bisection)",
+        "Solving $x^2 - 2 = 0$: digits double (Newton), triple (Halley), "
+        "one bit a step (bisection)",
         fontsize=9,
     )
     ax.legend(fontsize=8)

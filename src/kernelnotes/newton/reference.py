@@ -171,7 +171,8 @@ def newton_system(
         x = history[-1]
         Jx, Fx = np.asarray(J(x)), np.asarray(F(x))
         if Jx.shape != (len(x), len(x)) or Fx.shape != x.shape:
-            raise ValueError(f"J(x) must be {(len(x),) * 2} and F(x) {x.shape}, got {Jx.shape}, {Fx.shape}")
+            raise ValueError(f"J(x) must be {(len(x),) * 2} and F(x) {x.shape}, "
+                             f"got {Jx.shape}, {Fx.shape}")
         dx = np.linalg.solve(Jx, -Fx)  # a linear solve replaces the division by f'(x)
         history.append(x + dx)
         if np.linalg.norm(dx) <= tol * max(1.0, np.linalg.norm(history[-1])):
