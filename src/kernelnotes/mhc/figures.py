@@ -170,6 +170,31 @@ def table_performance() -> str:
             "(device-to-device copy, bytes read + written).")
 
 
+def table_small_t_graph() -> str:
+    """Small T with the host out of the way: GPU time per call replayed from a CUDA graph."""
+    res = _results()
+    if res is None:
+        return PENDING
+    graph = {(r["op"], r["impl"], r["T"], r["H"]): r["graph_ms"] for r in res["rows"]
+             if r.get("graph_ms")}
+    if not graph:
+        return PENDING
+    rows = []
+    for H in sorted({k[3] for k in graph}):
+        for T in sorted({k[2] for k in graph}):
+            for op in OPS:
+                t = graph.get((op, "triton", T, H))
+                if t is None:
+                    continue
+                e, c = graph.get((op, "eager", T, H)), graph.get((op, "compiled", T, H))
+                rows.append([f"`{op}`", T, H, f"{1e3 * t:.1f}",
+                             f"{1e3 * e:.1f}" if e else "n/a", f"{1e3 * c:.1f}" if c else "n/a",
+                             f"{c / t:.2f}x" if c else "n/a"])
+    table = markdown_table(["op", "T", "H", "Triton (µs)", "eager (µs)", "torch.compile (µs)",
+                            "vs torch.compile"], rows)
+    return f"{table}\n\n{provenance(res['meta'])}"
+
+
 def figure_bandwidth():
     plt = _plt()
     res = _results()
