@@ -24,8 +24,7 @@ DEVICE = "cuda"
 T_ALL = (1, 128, 1024, 8192)
 H_ALL = (4096, 7168)
 T_QUICK, H_QUICK = (1, 8192), (7168,)
-COMPILE_BUDGET_S = 200.0  # start no compiled peer after this many seconds (the run: < 6 min)
-GRAPH_BUDGET_S = 90.0  # stage 4's own budget: capturing a compiled peer can recompile it
+COMPILE_BUDGET_S = 200.0  # start no compiled peer after this many seconds of stage 2
 
 
 def _inputs(T: int, H: int):
@@ -119,30 +118,6 @@ def _read_sq(x_ptr, out_ptr, T, K, K_SPLIT, BT: tl.constexpr, BK: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0) * T + offs_t, tl.sum(acc, 1), mask=offs_t < T)
 
 
-def _graph_rows(shapes, impls: dict, budget_s: float) -> list[dict]:
-    """GPU time per call at small T, each call captured in a CUDA graph and replayed
-    (``graph_ms``): what a serving stack that replays graphs pays, with the host out of the way.
-    The rows carry ``graph_ms`` and no ``ms``, so the direct-call tables never mix them in."""
-    import torch
-
-    t0 = time.time()
-    rows = []
-    for T, H in shapes:
-        for op, by_impl in _calls(impls, T, H).items():
-            for impl, fn in by_impl.items():
-                row = {"op": op, "impl": impl, "T": T, "H": H, "timing": "cuda_graph"}
-                if impl == "compiled" and time.time() - t0 > budget_s:
-                    row["skipped"] = f"graph budget of {budget_s:.0f} s spent"
-                else:
-                    try:
-                        row["graph_ms"] = graph_ms(fn)
-                    except Exception as e:  # noqa: BLE001  a peer that cannot be captured
-                        row["skipped"] = f"{type(e).__name__}: {str(e)[:200]}"
-                rows.append(row)
-        torch.cuda.empty_cache()
-    return rows
-
-
 def run(quick: bool) -> list[dict]:
     import functools
 
@@ -181,12 +156,12 @@ def run(quick: bool) -> list[dict]:
     print(f"mhc: triton and eager timed in {time.time() - t0:.0f} s", flush=True)
     # 2. torch.compile of the same reference while the time budget lasts (compiles are slow):
     #    dynamic shapes (one graph for T > 1, one for T = 1), mhc_pre first, small T first
-    budget = COMPILE_BUDGET_S
+    budget, t2 = COMPILE_BUDGET_S, time.time()  # stage 1's own length varies with the host
     ops = () if quick else ("mhc_pre", "mhc_pre_from_mixes", "mhc_post")  # quick: < 30 s
     compiled = tuple(torch.compile(f, dynamic=True) for f in eager_impl)
     for op in ops:
         for T, H in sorted(shapes):
-            if time.time() - t0 > budget:
+            if time.time() - t2 > budget:
                 rows.append({"op": op, "impl": "compiled", "T": T, "H": H, "ms": None,
                              "skipped": f"compile budget of {budget:.0f} s spent"})
                 continue
@@ -201,14 +176,6 @@ def run(quick: bool) -> list[dict]:
     print(f"mhc: torch.compile peers done at {time.time() - t0:.0f} s", flush=True)
     # 3. where mhc_pre's time goes, at T = 8192
     rows += [_phases(T, H, pre_cfg) for T, H in shapes if T == 8192]
-    # 4. small T with the host out of the way: every op replayed from a CUDA graph, the eager and
-    #    compiled peers under the same capture (the compiled ones while stage 4's budget lasts)
-    impls = {"triton": triton_impl, "eager": eager_impl}
-    if not quick:
-        impls["compiled"] = compiled
-    rows += _graph_rows([(T, H) for T, H in shapes if T < 8192], impls,
-                        0.0 if quick else GRAPH_BUDGET_S)
-    print(f"mhc: CUDA-graph timings done at {time.time() - t0:.0f} s", flush=True)
     return rows
 
 
@@ -234,13 +201,6 @@ def summary(rows: list[dict], meta: dict) -> str:
                     vs = (f", torch.compile {1e3 * c:.1f} us ({c / t:.2f}x; target >= 1x)"
                           if c else "")
                     lines.append(f"{op} T={T} H={H}: {1e3 * t:.1f} us{vs}")
-    graph = {(r["op"], r["impl"], r["T"], r["H"]): r["graph_ms"] for r in rows
-             if r.get("graph_ms")}
-    for (op, impl, T, H), t in sorted(graph.items(), key=lambda kv: kv[0][2:] + kv[0][:2]):
-        if impl == "triton":
-            c = graph.get((op, "compiled", T, H))
-            vs = f", torch.compile {1e3 * c:.1f} us ({c / t:.2f}x)" if c else ""
-            lines.append(f"{op} T={T} H={H} replayed from a CUDA graph: {1e3 * t:.1f} us{vs}")
     for r in rows:
         if r["op"] == "mhc_pre phases":
             lines.append(f"mhc_pre T={r['T']} H={r['H']} phases (us): " + ", ".join(
