@@ -176,12 +176,13 @@ def table_small_t_graph() -> str:
     try:
         res = load("mhc_graph")
     except FileNotFoundError:
-        return PENDING.replace("benchmarks mhc`", "benchmarks mhc_graph`")
+        res = {"rows": []}
     graph = {(r["op"], r["impl"], r["T"], r["H"]): r["graph_ms"] for r in res["rows"]
              if r.get("graph_ms")}
     if not graph:
-        return PENDING
-    skipped = {(r["op"], r["impl"], r["T"], r["H"]) for r in res["rows"] if r.get("skipped")}
+        return PENDING.replace("benchmarks mhc`", "benchmarks mhc_graph`")
+    skipped = {(r["op"], r["impl"], r["T"], r["H"]): r["skipped"] for r in res["rows"]
+               if r.get("skipped")}
     rows = []
     for H in sorted({k[3] for k in graph}):
         for T in sorted({k[2] for k in graph}):
@@ -197,8 +198,8 @@ def table_small_t_graph() -> str:
                              f"{c / t:.2f}x" if c else missing])
     table = markdown_table(["op", "T", "H", "Triton (µs)", "eager (µs)", "torch.compile (µs)",
                             "vs torch.compile"], rows)
-    note = (f" torch.compile was not timed where the run's compile budget was spent "
-            f"({len(skipped)} of its rows)." if skipped else "")
+    note = "".join(f" Not timed in {list(skipped.values()).count(why)} rows: {why}."
+                   for why in sorted(set(skipped.values())))
     return f"{table}\n\n{provenance(res['meta'])}{note}"
 
 
