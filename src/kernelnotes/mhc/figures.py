@@ -170,6 +170,32 @@ def table_performance() -> str:
             "(device-to-device copy, bytes read + written).")
 
 
+def table_phases() -> str:
+    """Where mhc_pre's GPU time goes at T = 8192: its three launches, the whole call and a pure
+    read of the residual, each replayed from a CUDA graph (bench_mhc's phase rows)."""
+    res = _results()
+    phases = [] if res is None else [r for r in res["rows"] if r["op"] == "mhc_pre phases"]
+    if not phases:
+        return PENDING
+    copy = res["meta"]["copy_gbs"]
+    eager = {(r["T"], r["H"]): r["ms"] for r in res["rows"]
+             if r["op"] == "mhc_pre" and r["impl"] == "eager" and r.get("ms")}
+    rows = []
+    for r in sorted(phases, key=lambda r: r["H"]):
+        T, H = r["T"], r["H"]
+        gbs = T * R.bytes_per_token("mhc_pre", H) / (r["whole_ms"] * 1e-3) / 1e9
+        e = eager.get((T, H))
+        rows.append([T, H, *(f"{1e3 * r[k]:.1f}" for k in
+                             ("split_ms", "project_ms", "fuse_ms", "whole_ms", "read_ms")),
+                     f"{100 * gbs / copy:.1f}%", f"{e / r['whole_ms']:.1f}x" if e else "n/a"])
+    table = markdown_table(["T", "H", "split (µs)", "projection (µs)", "big-fuse (µs)",
+                            "whole call (µs)", "pure read (µs)", "whole: of copy",
+                            "eager / whole"], rows)
+    return (f"{table}\n\n{provenance(res['meta'])} GPU time per call, replayed from a CUDA "
+            "graph; \"of copy\" counts the minimal 10H + 80 bytes per token; the eager time is "
+            "the direct call's (it is GPU-bound at this size).")
+
+
 def table_small_t_graph() -> str:
     """Small T with the host out of the way: GPU time per call replayed from a CUDA graph
     (``benchmarks/results/mhc_graph.json``)."""
