@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernelnotes._testing import UNIT_ROUNDOFF, poison_, rel_err
 from kernelnotes.mhc import reference as R
-from kernelnotes.mhc.kernel import mhc_post, mhc_pre, mhc_pre_from_mixes
+from kernelnotes.mhc.kernel import _round_bf16, mhc_post, mhc_pre, mhc_pre_from_mixes
 from kernelnotes.mhc.torch_reference import mhc_post_torch, mhc_pre_torch
 from tests._machine import DEVICE, ON_GPU
 
@@ -177,6 +179,60 @@ def test_kernel_comb_is_doubly_stochastic():
     assert (comb >= 0).all()
     assert np.abs(comb.sum(1) - 1).max() < 4 * 1e-6 + 64 * U32  # column sums: the last step
     assert np.abs(comb.sum(2) - 1).max() < 1e-3  # row sums: converged, not exact
+
+
+@triton.jit
+def _round_bf16_probe(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, _round_bf16(tl.load(x_ptr + offs, mask=mask, other=0.0)), mask=mask)
+
+
+def test_round_bf16_is_torchs_cast_bit_for_bit():
+    """The kernels' hand rounding against torch's fp32 -> bf16 cast (nearest, ties to even, NaN
+    kept): ties both ways, the overflow to inf, subnormals, signed zeros, and every NaN pattern,
+    including the GPU's 0x7FFFFFFF."""
+    special = [0x7FFFFFFF, 0x7FC00000, 0xFFFFFFFF, 0x7F800001, 0xFF800001, 0x7F800000, 0xFF800000,
+               0x7F7FFFFF, 0xFF7FFFFF, 0x3F808000, 0x3F818000, 0x3F808001, 0x00000001, 0x00008000,
+               0x80018000, 0x80000000, 0x00000000]
+    bits = np.concatenate([np.array(special, dtype=np.uint32),
+                           np.random.default_rng(0).integers(0, 2**32, 1000, dtype=np.uint32)])
+    x = torch.from_numpy(bits.view(np.float32)).to(DEVICE)
+    y = torch.full_like(x, 123.0)
+    _round_bf16_probe[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    want = x.bfloat16().float()
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(y), nan)
+    assert torch.equal(y[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+
+def test_nan_and_inf_in_the_residual_reach_the_bf16_outputs():
+    """Non-finite inputs are passed on, not rounded away: the bf16 rounding by hand must keep the
+    GPU's NaN (0x7FFFFFFF, whose rounding carry would reach the sign bit) a NaN."""
+    T, H = 3, 100
+    residual, fn, scale, base = make_inputs(T, H)
+    residual[1, 2, 5] = float("nan")
+    residual[2, 0, 7] = float("inf")
+    x = residual[:, 0].contiguous()
+    x[0, 9] = float("nan")
+    post = torch.rand(T, 4, device=DEVICE) + 0.5  # > 0: inf times a gate stays inf
+    comb = torch.rand(T, 4, 4, device=DEVICE) + 0.1
+    out = mhc_post(x, residual, post, comb, config=STREAM_CFG)
+    bad = torch.zeros(T, 4, H, dtype=torch.bool, device=DEVICE)
+    bad[1, :, 5] = bad[2, :, 7] = bad[0, :, 9] = True
+    assert torch.isnan(out[1, :, 5]).all() and torch.isnan(out[0, :, 9]).all()
+    assert (out[2, :, 7] == float("inf")).all()
+    assert torch.isfinite(out[~bad]).all()
+    # layer_input from finite mixes: pre > 0 weights every stream
+    dot_mix = torch.randn(T, 24, device=DEVICE)
+    sqrsum = torch.full((T,), 4.0 * H, device=DEVICE)
+    li, post_mix, comb_mix = mhc_pre_from_mixes(dot_mix, sqrsum, residual, scale, base,
+                                               config=STREAM_CFG)
+    assert torch.isnan(li[1, 5]) and li[2, 7] == float("inf")
+    keep = torch.ones(T, H, dtype=torch.bool, device=DEVICE)
+    keep[1, 5] = keep[2, 7] = False
+    assert torch.isfinite(li[keep]).all()
+    assert torch.isfinite(post_mix).all() and torch.isfinite(comb_mix).all()
 
 
 def test_post_accepts_column_post_mix():

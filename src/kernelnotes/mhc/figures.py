@@ -269,14 +269,15 @@ def figure_dataflow():
     ax.set_axis_off()
     boxes = {  # name: (x, y, w, h, text, colour)
         "res": (2, 44, 18, 10, "residual $X_l$\n[T, 4, H] bf16", "#dde6f7"),
-        "fn": (2, 28, 18, 9, "fn: 24 x 4H fp32\n(small: stays in L2)", "#eeeeee"),
+        "fn": (2, 28, 18, 9, "fn: 24 x 4H fp32\nsplit to bf16 hi + lo\n(own launch; in L2)",
+               "#eeeeee"),
         "proj": (27, 36, 22, 14,
                  "split-K projection\n(Triton, bf16 hi+lo MMA)\ndot_mix [S,T,24]\nsqrsum [S,T]",
                  "#fde9c9"),
         "gate": (56, 44, 20, 12, "rstd, $A_l$ = pre\n(every program)", "#e3f3e0"),
         "li": (80, 44, 18, 12, "layer_input\n$A_l X_l$ [T, H] bf16", "#dde6f7"),
         "sk": (56, 24, 20, 14,
-               "$C_l$ = post, Sinkhorn\n(H-chunk 0 programs)\npost [T,4], comb [T,4,4]",
+               "$C_l$ = post, Sinkhorn\n(metadata programs)\npost [T,4], comb [T,4,4]",
                "#e3f3e0"),
         "F": (80, 24, 18, 10, "sublayer $F_l$\n(attention / MoE)", "#eeeeee"),
         "post": (56, 3, 24, 12, "mhc_post\n$X_{l+1}$ = comb$^T X_l$ + post $F$\n[T, 4, H] bf16",

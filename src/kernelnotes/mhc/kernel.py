@@ -23,13 +23,16 @@ N_MIX = 24  # [pre 0..3 | post 4..7 | comb 8..23], comb[j][k] at slot 8 + 4j + k
 # --8<-- [start:round_bf16]
 @triton.jit
 def _round_bf16(v):
-    """fp32 -> the nearest bf16 value (ties to even), still held in fp32.
+    """fp32 -> the nearest bf16 value (ties to even), still held in fp32; NaN stays NaN.
 
     Rounding by hand makes both machines agree: the interpreter's fp32->bf16 cast truncates.
+    A carry into the exponent gives inf past bf16's largest value, as a cast does. NaN is
+    passed as a canonical NaN: the GPU's NaN, 0x7FFFFFFF, would carry into the sign bit and
+    come out as -0.0.
     """
     bits = v.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
+    return tl.where(v != v, float("nan"), bits.to(tl.float32, bitcast=True))
 # --8<-- [end:round_bf16]
 
 
