@@ -110,8 +110,9 @@ def optimizer_runs(n_steps: int = 150) -> dict[str, np.ndarray]:
 def regression_optimizer_runs(n_steps: int = 300) -> dict[str, np.ndarray]:
     """Excess loss L(theta_k) - L* of GD, momentum and Adam on regression_data(), from 0.
 
-    GD takes alpha = 1/L; the heavy ball its optimal pair for a quadratic with Hessian
-    eigenvalues in [mu, L]: alpha = 4 / (sqrt L + sqrt mu)^2, beta = ((sqrt k - 1)/(sqrt k + 1))^2.
+    GD takes alpha = 1/L (L: the largest Hessian eigenvalue); the heavy ball its optimal pair for
+    a quadratic with Hessian eigenvalues in [mu, L]: alpha = 4 / (sqrt L + sqrt mu)^2,
+    beta = ((sqrt k - 1)/(sqrt k + 1))^2.
     """
     X, y = regression_data()
     n, d = X.shape
@@ -121,7 +122,7 @@ def regression_optimizer_runs(n_steps: int = 300) -> dict[str, np.ndarray]:
     grad = lambda t: lstsq_grad(X, y, t)  # noqa: E731
     sk = math.sqrt(L / mu)
     paths = {
-        "GD, alpha = 1/L": gd(grad, np.zeros(d), 1 / L, n_steps),
+        "GD, alpha = 1/lambda_max": gd(grad, np.zeros(d), 1 / L, n_steps),
         "momentum, optimal alpha and beta": momentum(grad, np.zeros(d),
                                                      4 / (math.sqrt(L) + math.sqrt(mu)) ** 2,
                                                      ((sk - 1) / (sk + 1)) ** 2, n_steps),
@@ -136,7 +137,7 @@ def regression_optimizer_runs(n_steps: int = 300) -> dict[str, np.ndarray]:
 def _num(v: float) -> str:
     if v == 0:
         return "0"
-    return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.2e}"
+    return f"{v:.4g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.2e}"
 
 
 def table_lr_study() -> str:
@@ -156,7 +157,8 @@ def table_costs() -> str:
     rows = [[name, f"{s['flops'][name]:.3g}", f"{s['err'][name]:.1e}"] for name in s["flops"]]
     return (markdown_table(["method", "flops", "relative error vs `np.linalg.lstsq`"], rows)
             + f"\n\n$n = {s['n']}$, $d = {s['d']}$, condition number of $X^\\mathsf{{T}} X$: "
-            f"{s['kappa']:.0f}; gradient descent with $\\alpha = 1/L$ took {s['gd_steps']} steps.")
+            f"{s['kappa']:.0f}; gradient descent with $\\alpha = 1/\\lambda_{{\\max}}$ took "
+            f"{s['gd_steps']} steps.")
 
 
 def table_bench() -> str:
