@@ -83,11 +83,27 @@ def test_zero_derivative_is_refused_with_the_history():
     assert err.value.history.tolist() == [0.0]
 
 
-def test_halley_stalls_rather_than_fixes_a_zero_derivative():
-    # at f'(x0) = 0 Halley's step is 2 f f' / (2 f'^2 - f f'') = 0: the iterate never moves
-    hist = halley(f, df, d2f, 0.0)
-    assert hist.tolist() == [0.0, 0.0]
-    assert f(hist[-1]) == -2.0
+@pytest.mark.parametrize("x0", [0.0, 1e-20])
+def test_halley_refuses_to_stall_at_a_zero_derivative(x0):
+    # at f'(x0) = 0 Halley's step 2 f f' / (2 f'^2 - f f'') is 0 (at f' = 2e-20 it is 2e-20):
+    # the step test alone would call x0 a root, though f(x0) = -2
+    with pytest.raises(ZeroDerivativeError, match=r"Halley's step is tiny .* f\(x\) = -2.0") as err:
+        halley(f, df, d2f, x0)
+    assert err.value.history.tolist() == [x0]
+
+
+@pytest.mark.parametrize("m", [2, 3])
+def test_halley_residual_test_accepts_multiple_roots(m):
+    # there Newton's step is shorter than Halley's, (m + 1) / (2m) of it: no false alarm
+    hist = halley(
+        lambda x: (x - 1.0) ** m,
+        lambda x: m * (x - 1.0) ** (m - 1),
+        lambda x: m * (m - 1) * (x - 1.0) ** (m - 2),
+        2.0,
+        tol=1e-12,
+        max_iter=200,
+    )
+    assert abs(hist[-1] - 1.0) < 1e-10
 
 
 def test_the_cycle_of_x3_minus_2x_plus_2_from_0():

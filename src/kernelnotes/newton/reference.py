@@ -26,7 +26,8 @@ class RootFindingError(ArithmeticError):
 
 
 class ZeroDerivativeError(RootFindingError):
-    """The tangent is horizontal: the update would divide by zero."""
+    """The tangent is horizontal (or, for Halley's method, nearly so): the update would divide by
+    zero, or stall at a point that is not a root."""
 
 
 class NonFiniteError(RootFindingError):
@@ -104,7 +105,18 @@ def halley(
         denom = 2 * dfx**2 - fx * d2fx
         if denom == 0:
             raise ZeroDerivativeError(f"2 f'^2 - f f'' = 0 at x = {x}", history)
-        return x - 2 * fx * dfx / denom
+        dx = 2 * fx * dfx / denom
+        x_next = x - dx
+        # dx is Newton's step f/f' times 1 / (1 - f f'' / (2 f'^2)): the two agree near a root,
+        # but where f' -> 0 and f does not, dx -> 0 too. So a tiny step counts as convergence
+        # only if Newton's step is at most twice as long (a residual test: |f| <= 2 |f' dx|)
+        if abs(x_next - x) <= tol * max(1.0, abs(x_next)) and abs(fx) > 2 * abs(dfx * dx):
+            raise ZeroDerivativeError(
+                f"Halley's step is tiny at x = {x} only because f'(x) = {dfx} is: "
+                f"f(x) = {fx}, not a root",
+                history,
+            )
+        return x_next
 
     return iterate(step, x0, tol, max_iter, "Halley's method")
 
