@@ -134,6 +134,10 @@ def test_outputs_fully_written(monkeypatch):
     residual, fn, scale, base = make_inputs(T, H)
     outs = mhc_pre(residual, fn, scale, base, config=PRE_CFG, num_splits=3)
     outs += (mhc_post(outs[0], residual, outs[1], outs[2], config=STREAM_CFG),)
+    # the forward token walk (REVERSE = False) with the [T, 24] form of the mixes (S = 1)
+    flat = residual.flatten(1).float()
+    dot, sq = (flat @ fn.T).contiguous(), flat.square().sum(-1).contiguous()
+    outs += mhc_pre_from_mixes(dot, sq, residual, scale, base, config=STREAM_CFG)
     for o in outs:
         assert not torch.isnan(o).any()
 
@@ -294,6 +298,30 @@ def test_refusals_pre():
         mhc_pre(residual, fn, scale, base, num_splits=0, config=PRE_CFG)
     with pytest.raises(ValueError, match="residual is on"):
         mhc_pre(residual.to("meta"), fn, scale, base, config=PRE_CFG)
+
+
+def test_refusals_of_configs():
+    residual, fn, scale, base = make_inputs(2, 64)
+    x, post, comb = residual[:, 0].contiguous(), torch.rand(2, 4, device=DEVICE), \
+        torch.rand(2, 4, 4, device=DEVICE)
+    dot, sq = torch.zeros(2, 24, device=DEVICE), torch.ones(2, device=DEVICE)
+    with pytest.raises(ValueError, match="keys 'project' and 'fuse'"):
+        mhc_pre(residual, fn, scale, base, config={"fuse": STREAM_CFG})
+    bad_k = {"project": {**PRE_CFG["project"], "BLOCK_K": 48}, "fuse": STREAM_CFG}
+    with pytest.raises(ValueError, match=r"config\['project'\]\['BLOCK_K'\] must be a power of two "
+                                         r">= 16 dividing 256, got 48"):
+        mhc_pre(residual, fn, scale, base, config=bad_k)
+    small_t = {"project": {**PRE_CFG["project"], "BLOCK_T": 8}, "fuse": STREAM_CFG}
+    with pytest.raises(ValueError, match=r"\['BLOCK_T'\] must be a power of two >= 16"):
+        mhc_pre(residual, fn, scale, base, config=small_t)
+    with pytest.raises(ValueError, match=r"missing \['BLOCK_H'\]"):
+        mhc_post(x, residual, post, comb, config={"BLOCK_T": 2})
+    with pytest.raises(ValueError, match=r"unknown \['BLOCK_K'\]"):
+        mhc_post(x, residual, post, comb, config={**STREAM_CFG, "BLOCK_K": 64})
+    with pytest.raises(ValueError, match=r"config\['BLOCK_H'\] must be a power of two"):
+        mhc_pre_from_mixes(dot, sq, residual, scale, base, config={**STREAM_CFG, "BLOCK_H": 100})
+    with pytest.raises(TypeError, match="config must be a dict"):
+        mhc_pre_from_mixes(dot, sq, residual, scale, base, config=[2, 1024])
 
 
 def test_refusals_from_mixes_and_post():

@@ -395,6 +395,30 @@ def _sm_count(device: torch.device) -> int:
     return 2  # the interpreter: a few splits, to exercise the split-K path
 
 
+def _check_config(name, config, sizes) -> None:
+    """A launch config: a dict with the block sizes ``sizes`` ({key: (least, what it must
+    divide or None)}), each a power of two (tl.arange needs one), plus optional num_warps and
+    num_stages."""
+    if not isinstance(config, dict):
+        raise TypeError(f"{name} must be a dict, got {type(config).__name__}")
+    missing = [k for k in sizes if k not in config]
+    unknown = sorted(set(config) - set(sizes) - {"num_warps", "num_stages"})
+    if missing or unknown:
+        raise ValueError(f"{name} must have the keys {', '.join(sizes)} (and optionally "
+                         f"num_warps, num_stages); missing {missing}, unknown {unknown}")
+    for key, (least, divides) in sizes.items():
+        v = config[key]
+        ok = isinstance(v, int) and v >= least and v & (v - 1) == 0
+        if not ok or (divides is not None and divides % v):
+            but = f" dividing {divides}" if divides is not None else ""
+            raise ValueError(f"{name}[{key!r}] must be a power of two >= {least}{but}, got {v!r}")
+
+
+# the streaming kernels' tiles; the projection's: BLOCK_T is the MMA's M, BLOCK_K its K
+_STREAM_SIZES = {"BLOCK_T": (1, None), "BLOCK_H": (1, None)}
+_PROJECT_SIZES = {"BLOCK_T": (16, None), "BLOCK_K": (16, 256)}
+
+
 def _check_eps(**kw) -> None:
     for name, v in kw.items():
         if not (isinstance(v, (int, float)) and v > 0 and v < float("inf")):
@@ -480,6 +504,12 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
     K = N_HC * H
     if config is None and residual.device.type != "cuda":
         config = INTERPRETER_CONFIG
+    if config is not None:
+        if not (isinstance(config, dict) and set(config) == {"project", "fuse"}):
+            raise ValueError("config must be None or a dict with the keys 'project' and 'fuse', "
+                             f"got {config!r}")
+        _check_config("config['project']", config["project"], _PROJECT_SIZES)
+        _check_config("config['fuse']", config["fuse"], _STREAM_SIZES)
     check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True, device=residual.device)
     if tuple(fn.shape) != (N_MIX, K):
         raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
@@ -559,6 +589,8 @@ def mhc_pre_from_mixes(dot_mix, sqrsum, residual, scale, base, *, rms_eps=1e-6, 
     if tuple(sqrsum.shape) != (S, T):
         raise ValueError(f"sqrsum must be [T] or [S, T] matching dot_mix (S = {S}, T = {T}), "
                          f"got shape {tuple(sqrsum.shape)}")
+    if config is not None:
+        _check_config("config", config, _STREAM_SIZES)
     return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
                  post_mult, sinkhorn_iters, config, reverse=False)
 
@@ -598,6 +630,8 @@ def mhc_post(x, residual, post_mix, comb_mix, *, config=None):
         raise ValueError(f"comb_mix must have shape {(T, 4, 4)}, got {tuple(comb_mix.shape)}")
     if config is None and residual.device.type != "cuda":
         config = INTERPRETER_CONFIG["fuse"]
+    if config is not None:
+        _check_config("config", config, _STREAM_SIZES)
     out = torch.empty_like(residual)
     grid = lambda m: (triton.cdiv(T, m["BLOCK_T"]) * triton.cdiv(H, m["BLOCK_H"]),)  # noqa: E731
     if config is None:
