@@ -37,8 +37,15 @@ def test_publishing_is_gated_on_the_gpu_job_and_forks_never_reach_the_gpu_runner
     gpu = jobs["gpu-tests"]
     assert gpu["runs-on"] == ["self-hosted", "linux", "x64", "gpu"]
     assert "github.event.pull_request.head.repo.full_name == github.repository" in gpu["if"]
-    assert set(jobs["deploy"]["needs"]) >= {"gpu-tests", "build"}
-    assert "refs/heads/main" in jobs["deploy"]["if"] and "refs/heads/main" in jobs["build"]["if"]
+    assert jobs["deploy"]["needs"] == ["gpu-tests"] and "refs/heads/main" in jobs["deploy"]["if"]
+    # the published site is the one built on the GPU runner right after the tests passed
+    steps = gpu["steps"]
+    tests = next(i for i, s in enumerate(steps) if s.get("run") == "bash scripts/dev test -q")
+    build = next(i for i, s in enumerate(steps) if s.get("run") == "bash scripts/dev build")
+    upload = next(i for i, s in enumerate(steps)
+                  if s.get("uses", "").startswith("actions/upload-pages-artifact"))
+    assert tests < build < upload and steps[upload]["with"]["path"] == "site"
+    assert all("refs/heads/main" in steps[i]["if"] for i in (build, upload))
     assert wf["permissions"] == {"contents": "read"}
     assert jobs["deploy"]["permissions"] == {"pages": "write", "id-token": "write"}
     assert "pull_request_target" not in wf["on"]
