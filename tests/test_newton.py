@@ -135,8 +135,54 @@ def test_bisection_and_solver_refusals():
         convergence_order([1e-1, 1e-2])
     with pytest.raises(ValueError, match=r"J\(x\) must be \(2, 2\) and F\(x\) \(2,\), got \(2,\)"):
         newton_system(lambda v: v, lambda v: v, np.array([1.0, 2.0]))
-    with pytest.raises(ValueError, match="x0 must be a finite 1-D vector"):
+    with pytest.raises(ValueError, match=r"x0 must be a 1-D vector, got shape \(1, 2\)"):
         newton_system(lambda v: v, lambda v: np.eye(2), np.array([[1.0, 2.0]]))
+
+
+CIRCLE = lambda v: np.array([v[0] ** 2 + v[1] ** 2 - 4.0, v[0] - v[1]])  # noqa: E731
+CIRCLE_J = lambda v: np.array([[2 * v[0], 2 * v[1]], [1.0, -1.0]])  # noqa: E731
+
+
+def test_newton_system_refuses_a_singular_jacobian_as_newton_refuses_f_prime_0():
+    # at (1, -1) the circle's gradient (2, -2) is parallel to the line's (1, -1): J is singular
+    x0 = np.array([1.0, -1.0])
+    assert np.linalg.matrix_rank(CIRCLE_J(x0)) == 1
+    match = r"J\(x\) is singular at x = \[1.0, -1.0\]"
+    with pytest.raises(ZeroDerivativeError, match=match) as err:
+        newton_system(CIRCLE, CIRCLE_J, x0)
+    assert err.value.history.shape == (1, 2) and np.array_equal(err.value.history[0], x0)
+
+
+def test_newton_system_stops_at_nonfinite_values_with_the_history():
+    # Newton on sqrt(x) - 2 from 25 overshoots to 25 - (5 - 2) * 2 * 5 = -5, where sqrt is NaN
+    F = lambda v: np.array([np.sqrt(v[0]) - 2.0, v[1]])  # noqa: E731
+    J = lambda v: np.array([[0.5 / np.sqrt(v[0]), 0.0], [0.0, 1.0]])  # noqa: E731
+    x0 = np.array([25.0, 1.0])
+    x1 = x0 - np.linalg.solve(J(x0), F(x0))
+    assert x1[0] < 0
+    with pytest.raises(NonFiniteError, match=r"F\(x\) is \[nan") as err:
+        with np.errstate(invalid="ignore", divide="ignore"):  # sqrt(-5) in F and J
+            newton_system(F, J, x0)
+    assert err.value.history.shape == (2, 2) and np.array_equal(err.value.history, [x0, x1])
+    # an inf in J(x) is refused too: the solve would give a finite (zero) step along it
+    J_inf = lambda v: np.array([[np.inf, 0.0], [0.0, 1.0]])  # noqa: E731
+    with pytest.raises(NonFiniteError, match=r"J\(x\) is \[\[inf") as err:
+        newton_system(F, J_inf, x0)
+    assert err.value.history.shape == (1, 2)
+    with pytest.raises(NonFiniteError, match=r"x0 is \[nan") as err:
+        newton_system(CIRCLE, CIRCLE_J, np.array([np.nan, 1.0]))
+    assert err.value.history.shape == (1, 2)
+
+
+def test_newton_system_no_convergence_and_stopping_rule_checks():
+    match = r"did not converge in 2 steps \(tol=1e-15\)"
+    with pytest.raises(NoConvergenceError, match=match) as err:
+        newton_system(CIRCLE, CIRCLE_J, np.array([1.0, 0.5]), max_iter=2)
+    full = newton_system(CIRCLE, CIRCLE_J, np.array([1.0, 0.5]))
+    assert err.value.history.shape == (3, 2) and np.array_equal(err.value.history, full[:3])
+    for tol, max_iter in [(0.0, 50), (-1.0, 50), (1e-15, 0)]:
+        with pytest.raises(ValueError, match=rf"need tol > 0 and max_iter >= 1, got tol={tol}"):
+            newton_system(CIRCLE, CIRCLE_J, np.array([1.0, 0.5]), tol=tol, max_iter=max_iter)
 
 
 # ---------------------------------------------------------------- Triton sqrt / rsqrt
@@ -250,6 +296,18 @@ def test_every_element_written_for_sizes_that_do_not_divide_the_block(n, block):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", [sqrt, rsqrt], ids=["sqrt", "rsqrt"])
+def test_out_is_fully_written_with_the_no_out_result(op, dtype):
+    block, n = 128, size(1000, 100_003)  # 1000 = 7 * 128 + 104: the last program is masked
+    assert n % block
+    x = (torch.rand(n, device=DEVICE) * 100).to(dtype)
+    out = poison_(torch.empty_like(x))
+    assert op(x, out=out, block=block) is out
+    assert not out.isnan().any()
+    assert torch.equal(out, op(x, block=block))
+
+
 def test_any_shape_and_empty():
     x = torch.rand(3, 5, 7, device=DEVICE)
     assert sqrt(x).shape == (3, 5, 7)
@@ -284,6 +342,18 @@ def test_any_shape_and_empty():
             "out must have dtype in",
         ),
         (
+            lambda: sqrt(
+                torch.ones(4, device=DEVICE), out=torch.empty(4, device="cpu" if ON_GPU else "meta")
+            ),
+            ValueError,
+            r"out is on (cpu|meta), expected (cuda|cpu)",
+        ),
+        (
+            lambda: rsqrt(torch.ones(4, device=DEVICE), out=torch.empty(4, 2, device=DEVICE)[:, 0]),
+            ValueError,
+            r"out must be contiguous \(strides \(2,\)",
+        ),
+        (
             lambda: sqrt(torch.ones(4, device=DEVICE), block=100),
             ValueError,
             "block must be a power of two",
@@ -297,6 +367,8 @@ def test_any_shape_and_empty():
         "wrong-device",
         "out-shape",
         "out-dtype",
+        "out-device",
+        "out-non-contiguous",
         "block",
     ],
 )

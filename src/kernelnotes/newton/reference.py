@@ -43,7 +43,7 @@ class NoConvergenceError(RootFindingError):
 
 # --8<-- [start:iterate]
 def _finite(value: float, what: str, history: list[float]) -> float:
-    if not np.isfinite(value):
+    if not np.all(np.isfinite(value)):  # np.all: newton_system passes vectors too
         raise NonFiniteError(f"{what} is {value} after {len(history) - 1} steps", history)
     return value
 
@@ -175,22 +175,38 @@ def newton_system(
     tol: float = 1e-15,
     max_iter: int = 50,
 ) -> np.ndarray:
-    """Multivariate Newton: solve J(x_n) dx = -F(x_n), x_{n+1} = x_n + dx. Returns [steps+1, d]."""
-    history = [np.asarray(x0, dtype=np.float64)]
-    if history[0].ndim != 1 or not np.all(np.isfinite(history[0])):
-        raise ValueError(f"x0 must be a finite 1-D vector, got {history[0]!r}")
+    """Multivariate Newton: solve J(x_n) dx = -F(x_n), x_{n+1} = x_n + dx. Returns [steps+1, d].
+
+    Stops and fails as ``newton`` does, with the iterates so far (shape [steps+1, d]) attached."""
+    if not (tol > 0 and max_iter >= 1):
+        raise ValueError(
+            f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}"
+        )
+    x0 = np.asarray(x0, dtype=np.float64)
+    if x0.ndim != 1:
+        raise ValueError(f"x0 must be a 1-D vector, got shape {x0.shape}")
+    history = [_finite(x0, "x0", [x0])]
     for _ in range(max_iter):
         x = history[-1]
         Jx, Fx = np.asarray(J(x)), np.asarray(F(x))
         if Jx.shape != (len(x), len(x)) or Fx.shape != x.shape:
             raise ValueError(f"J(x) must be {(len(x),) * 2} and F(x) {x.shape}, "
                              f"got {Jx.shape}, {Fx.shape}")
-        dx = np.linalg.solve(Jx, -Fx)  # a linear solve replaces the division by f'(x)
-        history.append(x + dx)
+        # checked before the solve: an inf in J(x) can give a finite (zero) step
+        _finite(Fx, "F(x)", history)
+        _finite(Jx, "J(x)", history)
+        try:
+            dx = np.linalg.solve(Jx, -Fx)  # a linear solve replaces the division by f'(x)
+        except np.linalg.LinAlgError:  # the analogue of f'(x) = 0
+            raise ZeroDerivativeError(
+                f"J(x) is singular at x = {x.tolist()}: J dx = -F(x) has no unique solution",
+                history,
+            ) from None
+        history.append(_finite(x + dx, "the next iterate", history))
         if np.linalg.norm(dx) <= tol * max(1.0, np.linalg.norm(history[-1])):
             return np.stack(history)
     raise NoConvergenceError(
-        f"Newton's method did not converge in {max_iter} steps", history
+        f"Newton's method did not converge in {max_iter} steps (tol={tol})", history
     )
 
 
