@@ -72,7 +72,7 @@ INTERPRETED = tl.constexpr(interpreted(_normal_cdf))
 def _act(z, ACT: tl.constexpr):
     """sigma(z) in fp32: 1 relu, 2 gelu (erf form), 3 gelu (tanh form), 4 silu, 0 identity."""
     if ACT == 1:
-        y = tl.maximum(z, 0.0)
+        y = tl.maximum(z, 0.0, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN, as F.relu
     elif ACT == 2:
         cdf, _ = _normal_cdf(z)
         y = z * cdf  # z Phi(z)
@@ -88,9 +88,10 @@ def _act(z, ACT: tl.constexpr):
 
 @triton.jit
 def _act_grad(z, ACT: tl.constexpr):
-    """sigma'(z) in fp32, for the same codes as _act (relu'(0) = 0, as torch)."""
+    """sigma'(z) in fp32, for the same codes as _act (relu'(0) = 0, as torch; relu'(NaN) = NaN,
+    where torch passes dY through)."""
     if ACT == 1:
-        d = tl.where(z > 0.0, 1.0, 0.0)
+        d = tl.where(z > 0.0, 1.0, tl.where(z <= 0.0, 0.0, z))  # a NaN z fails both: NaN
     elif ACT == 2:
         cdf, e = _normal_cdf(z)
         d = cdf + z * 0.3989422804014327 * e  # Phi(z) + z phi(z), phi(z) = e^(-z^2/2) / sqrt(2 pi)
@@ -633,30 +634,40 @@ def _tma_operands(a, b, kw):
 # --8<-- [end:matmul_launcher]
 
 
-def _check_linear(x, weight, bias, out_rows: int = 1):
-    """x [M, K], weight [out_rows * N, K], bias [out_rows * N] or None, one dtype and device."""
-    check_tensor("x", x, dtypes=SUPPORTED, ndim=2)
-    check_kernel_device("x", x, _matmul_kernel)
-    check_tensor("weight", weight, dtypes=(x.dtype,), ndim=2, device=x.device)
-    if weight.shape[1] != x.shape[1]:
+def _check_layer(weight, bias, like, k, k_from, *, names=("weight", "bias"), out_rows=1):
+    """weight [out_rows * N, k] and bias [out_rows * N] or None, in like's dtype and on its
+    device; k_from says where k comes from, and names are the arguments as the caller named them.
+    The bias must be contiguous: the kernels read it at unit stride."""
+    wn, bn = names
+    check_tensor(wn, weight, dtypes=(like.dtype,), ndim=2, device=like.device)
+    if weight.shape[1] != k:
         raise ValueError(
-            f"weight has shape {tuple(weight.shape)}, but x has shape {tuple(x.shape)}: "
-            f"weight must be [N, K] with K = {x.shape[1]} (nn.Linear's layout)"
+            f"{wn} has shape {tuple(weight.shape)}, but {k_from}: "
+            f"{wn} must be [N, K] with K = {k} (nn.Linear's layout)"
         )
     if weight.shape[0] % out_rows:
         raise ValueError(
-            f"weight has shape {tuple(weight.shape)}: the gated layer needs an even "
+            f"{wn} has shape {tuple(weight.shape)}: the gated layer needs an even "
             "number of rows, [W_gate; W_up]"
         )
     if bias is not None:
-        check_tensor("bias", bias, dtypes=(x.dtype,), ndim=1, device=x.device)
+        check_tensor(bn, bias, dtypes=(like.dtype,), ndim=1, contiguous=True, device=like.device)
         if bias.shape[0] != weight.shape[0]:
             raise ValueError(
-                f"bias has shape {tuple(bias.shape)}, expected ({weight.shape[0]},) "
-                "to match weight's rows"
+                f"{bn} has shape {tuple(bias.shape)}, expected ({weight.shape[0]},) "
+                f"to match {wn}'s rows"
             )
-    for name, t in (("x", x), ("weight", weight)):
-        _check_offsets(name, t)
+    _check_offsets(wn, weight)
+
+
+def _check_linear(x, weight, bias, out_rows: int = 1, *, names=("x", "weight", "bias")):
+    """x [M, K], weight [out_rows * N, K], bias [out_rows * N] or None, one dtype and device."""
+    xn, wn, bn = names
+    check_tensor(xn, x, dtypes=SUPPORTED, ndim=2)
+    check_kernel_device(xn, x, _matmul_kernel)
+    _check_layer(weight, bias, x, x.shape[1], f"{xn} has shape {tuple(x.shape)}",
+                 names=(wn, bn), out_rows=out_rows)
+    _check_offsets(xn, x)
     _check_offsets("the output", torch.empty((x.shape[0], weight.shape[0]), device="meta"))
 
 
@@ -668,7 +679,7 @@ def linear_act_forward(x, weight, bias=None, activation="gelu", *, store_z=False
         x: [M, K] bfloat16 / float16 / float32 (fp32 goes through tf32 in ``tl.dot``).
             CUDA tensor (CPU tensor under the Triton interpreter). Any strides.
         weight: [N, K] as ``nn.Linear`` stores it, x's dtype and device.
-        bias: [N] or None.
+        bias: [N], contiguous, or None.
         activation: one of ``ACTIVATIONS``: "relu", "gelu" (erf form, Hendrycks & Gimpel 2016,
             arXiv:1606.08415), "gelu_tanh" (its tanh approximation), "silu" (Elfwing et al. 2017,
             arXiv:1702.03118) or "none".
@@ -698,7 +709,7 @@ def linear_swiglu_forward(x, weight, bias=None, *, store_z=False, config=None):
     Args:
         x: [M, K] bfloat16 / float16 / float32 (tf32), CUDA (CPU under the interpreter).
         weight: [2H, K] = [W_gate; W_up] (rows 0..H-1 gate, H..2H-1 up), x's dtype.
-        bias: [2H] = [b_gate; b_up] or None.
+        bias: [2H] = [b_gate; b_up], contiguous, or None.
         store_z: also return ``z = [z_gate, z_up]`` [M, 2H] for the backward pass.
         config: a ``triton.Config`` or None (autotune over ``SWIGLU_CONFIGS`` on a GPU).
     Returns:
@@ -809,10 +820,23 @@ def act_backward(dy, z, activation="gelu", *, gated=False, want_dz=True, want_db
 
 
 def linear_backward(dz, x, weight, *, want_dx=True, want_dw=True, config=None):
-    """``dX = dZ W`` [M, K] and ``dW = dZ^T X`` [N, K] by the same kernel, strides swapped."""
-    dx = dw = None
+    """``dX = dZ W`` [M, K] and ``dW = dZ^T X`` [N, K] by the same kernel, strides swapped.
+
+    Args: dz [M, N], x [M, K] and weight [N, K], one dtype and device, any strides.
+    """
+    _check_linear(x, weight, None)
+    _check_config(config)
     M, K = x.shape
     N = weight.shape[0]
+    check_tensor("dz", dz, dtypes=(x.dtype,), ndim=2, device=x.device)
+    if tuple(dz.shape) != (M, N):
+        raise ValueError(
+            f"dz has shape {tuple(dz.shape)}, expected {(M, N)} (x's rows, weight's rows)"
+        )
+    _check_offsets("dz", dz)
+    for name, shape in (("dx", (M, K)), ("dw", (N, K))):
+        _check_offsets(name, torch.empty(shape, device="meta"))
+    dx = dw = None
     if want_dx:
         dx = torch.empty((M, K), device=x.device, dtype=x.dtype)
         if dx.numel():
@@ -925,6 +949,8 @@ def linear_swiglu(x, weight, bias=None, *, config=None):
 def ffn(x, w1, b1, w2, b2, activation="gelu", *, config=None):
     """Two-layer FFN ``sigma(x W1^T + b1) W2^T + b2``, differentiable, x [M, d]."""
     _act_code(activation)
+    _check_linear(x, w1, b1, names=("x", "w1", "b1"))  # errors name the arguments as passed
+    _check_layer(w2, b2, x, w1.shape[0], f"w1 has shape {tuple(w1.shape)}", names=("w2", "b2"))
     if _needs_grad(x, w1, b1, w2, b2):
         return FFNFunction.apply(x, w1, b1, w2, b2, activation, config)
     a1, _ = linear_act_forward(x, w1, b1, activation, config=config)
