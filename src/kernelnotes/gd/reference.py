@@ -119,7 +119,8 @@ def sgd_update(theta, g, buf, *, lr, momentum=0.0, dampening=0.0, weight_decay=0
     theta_{k+1} = theta_k - lr buf_k is the heavy ball above with beta = momentum.
     """
     g = -g if maximize else g
-    g = g + weight_decay * theta  # L2 penalty
+    if weight_decay:  # an infinite theta would add inf * 0 = NaN
+        g = g + weight_decay * theta  # L2 penalty
     if momentum != 0:
         buf = g if buf is None else momentum * buf + (1 - dampening) * g
         g = g + momentum * buf if nesterov else buf
