@@ -18,6 +18,7 @@ from tests._machine import DEVICE, ON_GPU, size
 
 U32 = UNIT_ROUNDOFF["float32"]
 U64 = UNIT_ROUNDOFF["float64"]
+OTHER = "cpu" if ON_GPU else "meta"  # a device the kernels cannot use: "on another device"
 
 
 def _kernel():
@@ -282,6 +283,46 @@ def test_lu_factor_singular_and_edge_values():
     assert rel_err(L @ U, _perm_rows(A, piv.cpu())) < 40 * U32
 
 
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning",
+                            "ignore:invalid value:RuntimeWarning")  # the interpreter's numpy
+def test_lu_solve_zero_pivot_gives_inf_or_nan_exactly_there():
+    """The documented getrs behaviour: X is non-finite for the batch elements whose U has an
+    exactly zero pivot (info > 0), and only for those."""
+    K = _kernel()
+    n = 6
+    A = torch.randn(5, n, n, generator=torch.Generator().manual_seed(6)) + n**0.5 * torch.eye(n)
+    A[1] = 0.0
+    A[3, :, 2] = 0.0
+    A[4] = torch.arange(1.0, n + 1)[:, None] * torch.tensor([1.0, -1.0, 2.0, 0.5, 3.0, -2.0])
+    LU, piv, info = K.lu_factor(A.to(DEVICE), config=_config())
+    _, _, info_t = torch.linalg.lu_factor_ex(A.double())  # LAPACK: which ones are singular
+    assert torch.equal(info.cpu(), info_t) and (info_t > 0).tolist() == [0, 1, 0, 1, 1]
+    B = torch.randn(5, n, 2, device=DEVICE)
+    X = K.lu_solve(LU, piv, B, config=_config())
+    assert torch.equal(torch.isfinite(X).flatten(1).all(dim=1), info == 0)
+
+
+def test_lu_solve_foreign_pivots_give_nan():
+    """Step k of lu_factor swaps row k with a row in [k, n): pivots[k] in [k + 1, n], 1-based.
+    Any other value (past the tile, inside the padding past n, zero, or before k) gives an all-NaN
+    X for that batch element, and leaves the others alone."""
+    K = _kernel()
+    n = 5
+    A = torch.randn(5, n, n, generator=torch.Generator().manual_seed(5)) + n**0.5 * torch.eye(n)
+    B = torch.randn(5, n, 2)
+    LU, piv, _ = K.lu_factor(A.to(DEVICE), config=_config())
+    bad = piv.clone()
+    bad[1, 2] = 99
+    bad[2, 0] = n + 2  # 0-based n + 1: a padding row of the tile, outside B
+    bad[3, 4] = 0
+    bad[4, 3] = 3  # step 3 (0-based) swapping with row 2, already a row of U
+    assert ((piv >= torch.arange(1, n + 1, device=DEVICE)) & (piv <= n)).all()  # lu_factor's
+    X = K.lu_solve(LU, bad, B.to(DEVICE), config=_config())
+    X_good = K.lu_solve(LU, piv, B.to(DEVICE), config=_config())
+    assert torch.isnan(X[1:]).all() and torch.equal(X[0], X_good[0])
+    assert torch.isfinite(X_good).all()
+
+
 @pytest.mark.parametrize("n,k", [(1, 1), (17, 3)])
 def test_lu_solve(n, k):
     K = _kernel()
@@ -321,7 +362,10 @@ def test_qr(shape):
     assert (Qd.mT @ Qd - eye).flatten(1).norm(dim=1).max() < 10 * max(p, 2) * U32
     R64 = torch.linalg.qr(A.cpu().double()).R  # LAPACK's signs, the same as ours
     assert rel_err(R, R64) < 10 * p * U32 * torch.linalg.cond(A.cpu().double()).max().item()
-    _, R_only = K.qr(A, mode="r", config=_config())
+    R1 = poison_(torch.empty(batch, p, n, device=DEVICE))
+    _, R_only = K.qr(A, mode="r", config=_config(), out=(None, R1))
+    assert R_only is R1 and torch.isfinite(R_only).all()  # every element written, zeros too
+    assert torch.equal(R_only, torch.triu(R_only))
     # the same reflections without forming Q; compiled separately, so equal up to rounding
     assert rel_err(R_only, R) < 10 * p * U32
 
@@ -364,9 +408,54 @@ def test_lstsq_rank_deficient_reports_info():
     A[1, :, 3] = 2 * A[1, :, 1]  # exactly dependent (2x is exact in fp32)
     A[2] = 0.0
     B = torch.randn(3, 20, 1)
-    X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), config=_config())
-    assert info.cpu().tolist() == [0, 4, 1]
+    out = (poison_(torch.empty(3, 5, 1, device=DEVICE)),
+           torch.full((3,), -7, dtype=torch.int32, device=DEVICE))
+    X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), config=_config(), out=out)
+    assert X is out[0] and info is out[1]
+    assert info.cpu().tolist() == [0, 3 + 1, 0 + 1]  # the dependent column; the first one
     assert torch.isfinite(X[0]).all() and torch.isnan(X[1:]).all()  # never silently wrong
+
+
+def test_lstsq_rtol():
+    """info > 0 when some |R_jj| <= rtol max_i |R_ii|: a matrix with cond 1e5 passes the default
+    rtol = max(m, n) u, and is reported at the first j below a larger rtol (R from float64 QR)."""
+    K = _kernel()
+    m, n = 20, 6
+    rng = np.random.default_rng(11)
+    A = torch.from_numpy(np.stack([_with_cond(rng, m, n, 1e5) for _ in range(3)])).float()
+    B = torch.from_numpy(rng.standard_normal((3, m, 1))).float()
+    d = torch.linalg.qr(A.double()).R.diagonal(dim1=-2, dim2=-1).abs()
+    ratio = d / d.max(dim=-1, keepdim=True).values  # |R_jj| / max_i |R_ii|
+    X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), config=_config())
+    assert (ratio > m * U32).all() and (info == 0).all() and torch.isfinite(X).all()
+    for rtol in (1e-3, 0.5):
+        # fp32 moves |R_jj| / max by about u ||A|| / |R_jj| (relative): keep clear of the edge
+        assert ((ratio / rtol - 1).abs() > 1e-2).all()
+        small = ratio <= rtol
+        expected = torch.where(small.any(dim=-1), small.int().argmax(dim=-1) + 1, 0)
+        X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), rtol=rtol, config=_config())
+        assert torch.equal(info.cpu(), expected.int()) and (expected > 0).all()
+        assert torch.isnan(X).all()
+    _, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), rtol=0.0, config=_config())
+    assert (info == 0).all()  # only an exactly zero R_jj is too small
+
+
+def test_lstsq_nan_in_a_is_reported():
+    """A NaN in A gives a NaN R_jj from its column j on: info is j + 1 (no smaller R_ii before)
+    and X is all NaN, also for n = 1 and a NaN below the diagonal, where no later column would
+    carry it. A NaN in B alone is no fault of A: info 0, NaN only in that right-hand side."""
+    K = _kernel()
+    for n, (i, j) in ((5, (7, 3)), (5, (0, 0)), (5, (12, 4)), (1, (9, 0))):
+        A = torch.randn(2, 20, n, generator=torch.Generator().manual_seed(n + i))
+        A[1, i, j] = float("nan")
+        X, info = K.lstsq(A.to(DEVICE), torch.randn(2, 20, 2).to(DEVICE), config=_config())
+        assert info.cpu().tolist() == [0, j + 1], (n, i, j)
+        assert torch.isfinite(X[0]).all() and torch.isnan(X[1]).all()
+    A = torch.randn(20, 5)
+    B = torch.randn(20, 2)
+    B[3, 1] = float("nan")
+    X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), config=_config())
+    assert info.item() == 0 and torch.isfinite(X[:, 0]).all() and torch.isnan(X[:, 1]).all()
 
 
 def test_batch_elements_are_independent_and_batch_shapes():
@@ -410,6 +499,30 @@ def test_refusals():
         K.lu_factor(A, out=(torch.empty(4, 4, device=DEVICE), torch.empty(2, 4, dtype=torch.int32,
                                                                            device=DEVICE),
                             torch.empty(2, dtype=torch.int32, device=DEVICE)))
+    piv = torch.ones(2, 4, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="B must be \\[..., 4, k\\] with batch \\(2,\\)"):
+        K.lu_solve(A, piv, torch.randn(3, 4, 1, device=DEVICE))
+    with pytest.raises(ValueError, match="pivots must have shape \\(2, 4\\)"):
+        K.lu_solve(A, piv[:, :3], A)
+    C = torch.randn(2, 6, 4, device=DEVICE)  # a tall batch for qr and lstsq
+    R, X = torch.empty(2, 4, 4, device=DEVICE), torch.empty(2, 4, 1, device=DEVICE)
+    info = torch.empty(2, dtype=torch.int32, device=DEVICE)
+    elsewhere = {
+        "B": lambda: K.lu_solve(A, piv, A.to(OTHER)),
+        "pivots": lambda: K.lu_solve(A, piv.to(OTHER), A),
+        "Q": lambda: K.qr(C, out=(C.to(OTHER), R)),
+        "R": lambda: K.qr(C, mode="r", out=(None, R.to(OTHER))),
+        "X": lambda: K.lstsq(C, C[..., :1], out=(X.to(OTHER), info)),
+        "info": lambda: K.lstsq(C, C[..., :1], out=(X, info.to(OTHER))),
+    }
+    for name, call in elsewhere.items():
+        with pytest.raises(ValueError, match=f"{name} is on {OTHER}, expected"):
+            call()
+    for bad in (float("nan"), -1e-3, float("inf")):
+        with pytest.raises(ValueError, match="rtol must be a finite number >= 0"):
+            K.lstsq(C, C[..., :1], rtol=bad)
+    with pytest.raises(TypeError, match="rtol must be a float or None, got str"):
+        K.lstsq(C, C[..., :1], rtol="1e-3")
 
 
 @pytest.mark.gpu

@@ -192,6 +192,12 @@ def _lu_solve_kernel(
     rows, cols = r[:, None], c[None, :]
     LU = tl.load(lu_ptr + pid * n * n + rows * n + cols, mask=(rows < n) & (cols < n), other=0.0)
     swaps = tl.load(piv_ptr + pid * n + r, mask=r < n, other=1) - 1  # 0-based  [NP]
+    # lu_factor's step k swaps row k with a row in [k, n); a pivot outside that range did not
+    # come from lu_factor. It is applied as no swap, so every row read stays inside B, and X is
+    # made all NaN: checked here because a check on the host would need a device sync.
+    ok = ((swaps >= r) & (swaps < n)) | (r >= n)
+    bad = tl.sum(tl.where(ok, 0, 1), axis=0)
+    swaps = tl.where(ok, swaps, r)
     perm = r  # (P b)_i = b_perm[i], built from the sequence of swaps
     for k in range(n):
         p = tl.sum(tl.where(r == k, swaps, 0), axis=0)
@@ -210,6 +216,7 @@ def _lu_solve_kernel(
         u_jj = tl.sum(tl.where(r == j, u_j, 0.0), axis=0)
         x_j = tl.sum(tl.where(rows == j, Y, 0.0), axis=0) / u_jj  # [KP]
         Y = tl.where(rows == j, x_j[None, :], Y - tl.where(r < j, u_j, 0.0)[:, None] * x_j[None, :])
+    Y = tl.where(bad == 0, Y, float("nan"))
     tl.store(x_ptr + pid * n * K + rows * K + kc[None, :], Y, mask=b_mask)
 # --8<-- [end:lu_solve_kernel]
 
@@ -220,7 +227,7 @@ def _reflector(col, k, r):
     """v with v^T v = 2 and (I - v v^T) x = beta e_1 for x = col[k:]; v is zero above row k.
 
     Also returns f with v[k+1:] = f x[k+1:]. If col[k+1:] is already zero, v = 0 (H = I) and
-    beta = col[k], as LAPACK's larfg.
+    beta = col[k], as LAPACK's larfg; a NaN in col[k+1:] is not zero, so beta is NaN (as larfg).
     """
     x = tl.where(r >= k, col, 0.0)  # [MP]
     x_1 = tl.sum(tl.where(r == k, x, 0.0), axis=0)
@@ -229,8 +236,9 @@ def _reflector(col, k, r):
     s = tl.where(x_1 >= 0.0, 1.0, -1.0)
     v = tl.where(r == k, x + s * norm_x, x)  # v = x + sign(x_1) ||x|| e_1
     norm_v2 = 2.0 * norm_x * (norm_x + tl.abs(x_1))  # = ||v||^2, without another reduction
-    f = tl.where(tail2 > 0.0, tl.sqrt(2.0 / tl.where(tail2 > 0.0, norm_v2, 1.0)), 0.0)
-    return v * f, tl.where(tail2 > 0.0, -s * norm_x, x_1), f  # now v^T v = 2
+    zero = tail2 == 0.0  # nothing to zero: H = I
+    f = tl.where(zero, 0.0, tl.sqrt(2.0 / tl.where(zero, 1.0, norm_v2)))
+    return v * f, tl.where(zero, x_1, -s * norm_x), f  # now v^T v = 2
 # --8<-- [end:reflector]
 
 
@@ -285,7 +293,7 @@ def _lstsq_kernel(
     a_ptr,  # *fp32 [B, m, n], m >= n
     b_ptr,  # *fp32 [B, m, K]
     x_ptr,  # *fp32 [B, n, K] output (NaN where info > 0)
-    info_ptr,  # *int32 [B] output: 0, or i > 0 when |R_ii| <= tol max_j |R_jj| (the first such)
+    info_ptr,  # *int32 [B] output: 0, or i > 0 when |R_ii| <= tol max_j |R_jj| or R_ii is NaN
     m,
     n,
     K,
@@ -322,7 +330,10 @@ def _lstsq_kernel(
         C = tl.where(rn[:, None] == j, x_j[None, :],
                      C - tl.where(rn < j, r_j, 0.0)[:, None] * x_j[None, :])
     size = tl.abs(r_diag)
-    small = (size <= tol * tl.max(size, axis=0)) & (c < n)
+    # a NaN in A makes R_jj NaN from its column on: it compares false, so it is flagged apart
+    # (and left out of the max: tl.max leaves what a NaN does unspecified)
+    big = tl.max(tl.where(size == size, size, 0.0), axis=0)
+    small = ((size <= tol * big) | (size != size)) & (c < n)
     first = tl.min(tl.where(small, c, NP), axis=0)
     C = tl.where(first < NP, float("nan"), C)  # never silently wrong: no solution, and info says so
     tl.store(x_ptr + pid * n * K + rn[:, None] * K + rhs, C, mask=(rn[:, None] < n) & (rhs < K))
@@ -444,7 +455,8 @@ def lu_solve(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor, *,
         config: a ``triton.Config`` or None to autotune on the GPU.
         out: optional [..., n, k] float32 output.
     Returns:
-        X: [..., n, k] float32 (inf/NaN where U has a zero pivot, as in getrs).
+        X: [..., n, k] float32 (inf/NaN where U has a zero pivot, as in getrs; all NaN for a
+        batch element whose pivots are not lu_factor's, pivots[k] outside [k + 1, n]).
     """
     n = _check_square("LU", LU, _lu_solve_kernel)
     batch = LU.shape[:-2]
@@ -520,12 +532,14 @@ def lstsq(A: torch.Tensor, B: torch.Tensor, *, rtol: float | None = None,
     Args:
         A: [..., m, n] float32, 1 <= n <= m <= 256, n <= 64.
         B: [..., m, k] float32, 1 <= k <= 64, same batch shape as A.
-        rtol: the threshold, default max(m, n) * 2^-24 (numpy.linalg.matrix_rank's rule on R).
+        rtol: the threshold, a finite number >= 0, default max(m, n) * 2^-24
+            (numpy.linalg.matrix_rank's rule on R).
         config: a ``triton.Config`` or None to autotune on the GPU.
         out: optional (X, info) to write into.
     Returns:
         X: [..., n, k] float32, all NaN for a rank-deficient batch element.
-        info: [...] int32, 0, or the first 1-based i with a too small |R_ii|.
+        info: [...] int32, 0, or the first 1-based i with a too small (or NaN: A holds a NaN)
+            |R_ii|.
     """
     _check_matrix("A", A, MAX_M, MAX_N)
     check_kernel_device("A", A, _lstsq_kernel)
@@ -539,7 +553,13 @@ def lstsq(A: torch.Tensor, B: torch.Tensor, *, rtol: float | None = None,
         raise ValueError(f"B must be [..., {m}, k] with batch {tuple(batch)}, "
                          f"got shape {tuple(B.shape)}")
     k = B.shape[-1]
-    rtol = max(m, n) * U_FP32 if rtol is None else float(rtol)
+    if rtol is None:
+        rtol = max(m, n) * U_FP32
+    elif not isinstance(rtol, (int, float)):
+        raise TypeError(f"rtol must be a float or None, got {type(rtol).__name__}")
+    rtol = float(rtol)
+    if not 0.0 <= rtol < float("inf"):  # NaN fails too
+        raise ValueError(f"rtol must be a finite number >= 0, got {rtol!r}")
     x, info = out if out is not None else (None, None)
     x = _out("X", x, (*batch, n, k), torch.float32, A.device)
     info = _out("info", info, tuple(batch), torch.int32, A.device)
