@@ -42,3 +42,10 @@ def test_notebook_executes(path, monkeypatch):
     assert any(c.cell_type == "code" and c.get("outputs") for c in nb.cells), (
         "no cell produced output"
     )
+
+
+def test_every_notebook_is_linked_from_a_post():
+    posts = {p.name: p.read_text() for p in (ROOT / "docs" / "posts").glob("*.md")}
+    for nb in NOTEBOOKS:
+        linking = [name for name, text in posts.items() if f"../notebooks/{nb.name})" in text]
+        assert linking, f"no post links docs/notebooks/{nb.name}"
