@@ -46,11 +46,10 @@ def _mask(Nq, Nk):
     return torch.from_numpy(ref.causal_mask(Nq, Nk))
 
 
-def attention_f64(q, k, v, causal, sm_scale=None):
-    """Float64 attention with autograd; rows that see nothing give 0 (and zero gradients)."""
-    q, k, v = (t.double() for t in (q, k, v))
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+def softmax_f64(q, k, causal, sm_scale=None):
+    """P = softmax(σ q kᵀ [+ causal mask]) in float64, [B, Hq, Nq, Nk] (k repeated for its query
+    heads), with autograd; rows that see nothing give 0."""
+    q, k = q.double(), k.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
     sm_scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     s = sm_scale * q @ k.transpose(-1, -2)
     if causal:
@@ -58,7 +57,13 @@ def attention_f64(q, k, v, causal, sm_scale=None):
     m = s.amax(-1, keepdim=True).detach()
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(s - m)
-    return (e / e.sum(-1, keepdim=True).clamp_min(1e-300)) @ v
+    return e / e.sum(-1, keepdim=True).clamp_min(1e-300)
+
+
+def attention_f64(q, k, v, causal, sm_scale=None):
+    """Float64 attention with autograd; rows that see nothing give 0 (and zero gradients)."""
+    v = v.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
+    return softmax_f64(q, k, causal, sm_scale) @ v
 
 
 def attention_math(q, k, v, causal, sm_scale=None):
@@ -235,9 +240,12 @@ GPU_CASES = [
 
 def _check_accuracy(case, deterministic, scale=1.0):
     B, Hq, Hkv, Nq, Nk, D, causal, dtype = case
-    q, k, v, do = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, scale)
+    _assert_accurate(*_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, scale), causal, deterministic, scale)
+
+
+def _assert_accurate(q, k, v, do, causal, deterministic, scale=1.0):
     ours, math_ = _errors(_ours if deterministic else _ours_atomic, q, k, v, do, causal)
-    u = UNIT_ROUNDOFF[dtype_name(dtype)]
+    u = UNIT_ROUNDOFF[dtype_name(q.dtype)]
     for name, e, e_math in zip(("o", "dq", "dk", "dv"), ours, math_, strict=True):
         # 2x PyTorch's error in the same precision; + u/2 for ties where both are at rounding level
         assert e <= 2 * e_math + u / 2, f"{name}: {e:.3g} vs math attention {e_math:.3g}"
@@ -281,6 +289,152 @@ def test_large_logits(dtype, deterministic):
         # |S| ~ 1e2: the absolute bound is meaningless here, only the 2x-math rule applies
         assert e <= 2 * e_math + UNIT_ROUNDOFF[dtype_name(dtype)] / 2, (e, e_math)
     assert N == size_n
+
+
+# (B, Hq, Hkv, Nq, Nk, D, dtype) for the special-value tests: the pointer forward and the TMA one
+SPECIAL = [(1, 2, 1, 37, 37, 16, torch.float16), (1, 2, 1, 45, 12, 24, torch.bfloat16),
+           (1, 2, 2, 20, 37, 128, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", SPECIAL, ids=str)
+def test_zero_queries_average_the_visible_values(case, causal):
+    """q = 0 makes every score 0: softmax is uniform over the keys a row sees, so O_i is the mean
+    of those n_i rows of V and L_i = log n_i (rows that see nothing: O = 0, L = +inf)."""
+    B, Hq, Hkv, Nq, Nk, D, dtype = case
+    _, k, v, do = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype)
+    q = torch.zeros(B, Hq, Nq, D, dtype=dtype, device=DEVICE)
+    i = torch.arange(Nq)
+    n = (i + Nk - Nq + 1).clamp(0, Nk) if causal else torch.full((Nq,), Nk)  # keys row i sees
+    v64 = v.double().cpu().repeat_interleave(Hq // Hkv, 1)
+    mean = torch.stack([v64[:, :, :c].sum(2) / max(c, 1) for c in n.tolist()], 2)
+    o, lse = kernel.flash_attn_fwd(q, k, v, causal, config=_configs(D)[0])
+    # p = 2^0 = 1 and l = n_i are exact: only the sum of V in fp32 and O's rounding remain
+    # (u; up to 2u where the interpreter truncates the cast to bf16)
+    u = UNIT_ROUNDOFF[dtype_name(dtype)]
+    assert rel_err(o, mean) <= 2 * u
+    seen, lse = n > 0, lse.cpu()
+    assert torch.all(lse[..., ~seen] == torch.inf)
+    # log2 of an exact l_i: a few float32 ulps (the GPU's log2 is an approximation)
+    assert rel_err(lse[..., seen], torch.log(n[seen].double()).expand(B, Hq, -1)) \
+        <= 16 * UNIT_ROUNDOFF["float32"]
+    # the gradients: dK = σ dSᵀ Q = 0 exactly. Only the absolute bound: the interpreter truncates
+    # P to bf16, and with every P_ij of a row equal that error adds up instead of averaging out
+    # (dV 1.7u on the CPU against math attention's 0.5u)
+    errors = _errors(_ours, q, k, v, do, causal)[0]
+    assert errors[2] == 0 and max(errors) <= 10 * u, errors
+
+
+def _rows_that_load(key, Nq, Nk, causal, config):
+    """[Nq] whether row i's query tile (BLOCK_M rows) loads the key tile (BLOCK_N keys) that holds
+    key `key`: the forward visits the key tiles that start below hi (_key_range)."""
+    bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    start = torch.arange(Nq) // bm * bm
+    hi = (start + bm + Nk - Nq).clamp(0, Nk) if causal else torch.full((Nq,), Nk)
+    return key // bn * bn < hi
+
+
+# the interpreter's row max skips NaN (np.nanmax, as the GPU's max.f32 does) and warns on a row
+# that is all NaN; numpy also warns when the arithmetic that follows meets the NaN
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("D,dtype", [(16, torch.float16), (128, torch.bfloat16)])
+def test_nan_reaches_the_rows_that_see_it(D, dtype, where, causal):
+    """One NaN element in q (row i), k or v (key j). The scores of other queries do not involve
+    q_i, so only row i is NaN. A NaN key is seen by the rows i >= j - (Nk - Nq) (causal; every row
+    otherwise): the mask replaces a score by -inf, so the rows that do not see key j stay as they
+    were, bit for bit. A NaN value is different: P V multiplies the masked p_ij = 0 by the NaN,
+    and 0 * NaN = NaN, so it spreads to every row of a query tile that loads key j's tile, seen
+    or not. Rows of earlier query tiles stay exact. (Dense attention, softmax(S) V, spreads it to
+    every row: checked below.)"""
+    fwd_config = _configs(D)[0]
+    bm, bn = fwd_config.kwargs["BLOCK_M"], fwd_config.kwargs["BLOCK_N"]
+    Nq, off = 3 * bm + 5, 7  # three query tiles and a tail; Nk = Nq + off
+    Nk = Nq + off
+    j = -(-(bm + off) // bn) * bn + bn // 2  # inside the first key tile query tile 0 skips
+    q, k, v, _ = _inputs(1, 2, 1, Nq, Nk, D, dtype)
+    clean = kernel.flash_attn_fwd(q, k, v, causal, config=fwd_config)
+    bad = {"q": q, "k": k, "v": v}[where].clone()
+    bad[0, -1, j, 1] = torch.nan  # q: row j of the last query head; k, v: key j
+    args = {"q": q, "k": k, "v": v, where: bad}
+    o, lse = kernel.flash_attn_fwd(args["q"], args["k"], args["v"], causal, config=fwd_config)
+
+    i = torch.arange(Nq)
+    sees = j <= i + off if causal else torch.ones(Nq, dtype=torch.bool)
+    if where == "q":
+        nan_rows = torch.zeros(2, Nq, dtype=torch.bool)
+        nan_rows[-1, j] = True
+    elif where == "k":
+        nan_rows = sees.expand(2, Nq)  # both query heads share the key/value head
+    else:  # the kernel's behaviour, not attention's: see the docstring
+        tile_shares = _rows_that_load(j, Nq, Nk, causal, fwd_config)
+        if causal:  # the case covers all three kinds of row
+            assert (tile_shares & ~sees).any() and (~tile_shares).any()
+        nan_rows = (sees | tile_shares).expand(2, Nq)
+        dense = attention_math(args["q"], args["k"], args["v"], causal)
+        assert torch.isnan(dense).any(-1).all()
+    o, lse, clean = o.cpu(), lse.cpu(), [t.cpu() for t in clean]
+    assert torch.equal(torch.isnan(o).any(-1)[0], nan_rows)
+    assert torch.equal(o[0][~nan_rows], clean[0][0][~nan_rows])  # untouched rows: the same bits
+    # L depends on q and k only: NaN exactly where O's scores are
+    nan_lse = torch.zeros_like(nan_rows) if where == "v" else nan_rows
+    assert torch.equal(torch.isnan(lse)[0], nan_lse)
+    assert torch.equal(lse[0][~nan_lse], clean[1][0][~nan_lse])
+
+
+def _delta_error_bounds(q, k, o, do, causal, u):
+    """Bounds on the errors of dQ and dK that come from D_i = rowsum(dO∘O) alone. O is stored in
+    the input precision, so D_i may be off by β_i = 2u ‖dO_i‖ ‖O_i‖ (u for rounding to nearest,
+    2u where the interpreter truncates to bf16) and dS_ij = P_ij (dP_ij - D_i) by P_ij β_i: dQ_i
+    by σ β_i Σ_j P_ij ‖k_j‖, dK_j by σ Σ_i P_ij β_i ‖q_i‖ (over the query heads that share k_j).
+    Returns the Frobenius norms of the two bounds."""
+    sm_scale = 1 / math.sqrt(q.shape[-1])
+    g = q.shape[1] // k.shape[1]
+    P = softmax_f64(q, k, causal)
+    beta = 2 * u * do.double().norm(dim=-1) * o.double().norm(dim=-1)  # [B, Hq, Nq]
+    k_norms = k.double().repeat_interleave(g, 1).norm(dim=-1)  # [B, Hq, Nk]
+    dq_bound = sm_scale * beta * (P @ k_norms[..., None])[..., 0]
+    dk_bound = sm_scale * (P * (beta * q.double().norm(dim=-1))[..., None]).sum(-2)
+    return dq_bound.norm(), dk_bound.unflatten(1, (k.shape[1], g)).sum(2).norm()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["split", "atomic"])
+@pytest.mark.parametrize("case", SPECIAL, ids=str)
+def test_huge_query_logits(case, deterministic, causal):
+    """q scaled by 10^3 (still inside fp16 and bf16): logits of order 10^3, which no exponential
+    may see unshifted. O and dV keep the usual bounds: the scores are fp32 dot products of the
+    stored inputs (math attention rounds S to the input dtype, an error ~ |S| u).
+
+    dQ and dK do not, and this is FlashAttention's algorithm, not a fault of the kernels: softmax
+    is saturated, so the exact dS = P∘(dP - D) nearly cancels and dQ, dK are tiny, while
+    D_i = rowsum(dO∘O) uses O as stored, off by u |O|. Their errors stay within the bound that
+    D_i's rounding alone gives (_delta_error_bounds) plus 10u of their size; math attention's
+    softmax backward subtracts Σ_j P_ij dP_ij instead, which cancels exactly for a one-hot P."""
+    B, Hq, Hkv, Nq, Nk, D, dtype = case
+    q, k, v, do = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype)
+    q = (1e3 * q.float()).to(dtype)
+    u = UNIT_ROUNDOFF[dtype_name(dtype)]
+    ours, math_ = _errors(_ours if deterministic else _ours_atomic, q, k, v, do, causal)
+    for name, i in (("o", 0), ("dv", 3)):
+        assert ours[i] <= 2 * math_[i] + u / 2, f"{name}: {ours[i]:.3g} vs math {math_[i]:.3g}"
+        assert ours[i] <= 10 * u, f"{name}: {ours[i]:.3g}"
+
+    fwd, bwd = _configs(D)
+    o, lse = kernel.flash_attn_fwd(q, k, v, causal, config=fwd)
+    assert lse.abs()[torch.isfinite(lse)].max() > 100  # logits this large did occur
+    assert not torch.isnan(lse).any() and torch.isfinite(o).all()
+    dq, dk, dv = kernel.flash_attn_bwd(do, q, k, v, o, lse, causal, config=bwd,
+                                       deterministic=deterministic)
+    assert all(torch.isfinite(t).all() for t in (dq, dk, dv))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(attention_f64(*leaves, causal), leaves, do.double())
+    for name, got, w, bound in zip(("dq", "dk"), (dq, dk), want[:2],
+                                   _delta_error_bounds(q, k, o, do, causal, u), strict=True):
+        err = (got.double() - w).norm()
+        assert err <= bound + 10 * u * w.norm(), f"{name}: {err:.3g}, bound {bound:.3g}"
 
 
 def test_lse_and_causal_alignment():
@@ -368,6 +522,14 @@ def test_strides_and_determinism():
     g2 = kernel.flash_attn_bwd(do, q, k, v, o1, lse, causal=True, config=_configs(q.shape[-1])[1])
     for a, b in zip(g1, g2, strict=True):
         assert torch.equal(a, b)
+    # o and lse as strided views: the launcher copies them (the kernels index them contiguously)
+    o_view = o1.transpose(1, 2).contiguous().transpose(1, 2)
+    lse_view = lse.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not (o_view.is_contiguous() or lse_view.is_contiguous())
+    g3 = kernel.flash_attn_bwd(do, q, k, v, o_view, lse_view, causal=True,
+                               config=_configs(q.shape[-1])[1])
+    for a, b in zip(g3, g2, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_result_does_not_depend_on_config():
@@ -432,14 +594,67 @@ def test_refusals():
     many = torch.zeros(1, 65536, 1, 16, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="B \\* Hq = 65536 is not supported"):
         fwd(many, many[:, :1], many[:, :1])
-    o, lse = fwd(q, k, v, config=_configs(q.shape[-1])[0])
+    fwd_config, bwd_config = _configs(q.shape[-1])
+    o, lse = fwd(q, k, v, config=fwd_config)
+    bwd = functools.partial(kernel.flash_attn_bwd, config=bwd_config)
     with pytest.raises(ValueError, match=r"do must have q's shape"):
-        kernel.flash_attn_bwd(do[:, :, :3], q, k, v, o, lse, config=_configs(q.shape[-1])[1])
+        bwd(do[:, :, :3], q, k, v, o, lse)
+    # o and lse must be what the forward returned for q: a short lse was read past its end
+    with pytest.raises(TypeError, match=r"o must have dtype in \(float16\), got float32"):
+        bwd(do, q, k, v, o.float(), lse)
+    with pytest.raises(ValueError, match=r"o must have q's shape \(1, 4, 8, 16\), got \(1, 4, 3"):
+        bwd(do, q, k, v, o[:, :, :3], lse)
+    with pytest.raises(TypeError, match=r"lse must have dtype in \(float32\), got float16"):
+        bwd(do, q, k, v, o, lse.half())
+    with pytest.raises(ValueError, match=r"lse must have shape \[B, Hq, Nq\] = \(1, 4, 8\), "
+                                         r"got \(1, 4, 4\)"):
+        bwd(do, q, k, v, o, lse[:, :, :4])
+    with pytest.raises(ValueError, match="lse must have 3 dimensions"):
+        bwd(do, q, k, v, o, lse[..., None])
+    with pytest.raises(TypeError, match="lse must be a torch.Tensor"):
+        bwd(do, q, k, v, o, lse.tolist())
     wrong = "cpu" if ON_GPU else "meta"  # the interpreter needs CPU tensors, compiled code CUDA
     with pytest.raises(ValueError, match=f"q is on {wrong}"):
         fwd(q.to(wrong), k, v)
     with pytest.raises(ValueError, match=f"k is on {wrong}"):
         fwd(q, k.to(wrong), v)
+    with pytest.raises(ValueError, match=f"o is on {wrong}"):
+        bwd(do, q, k, v, o.to(wrong), lse)
+    with pytest.raises(ValueError, match=f"lse is on {wrong}"):
+        bwd(do, q, k, v, o, lse.to(wrong))
+
+
+def test_config_refusals():
+    """A config names the kernel's tiles, each a power of two (tl.arange) of at least 16 (a
+    tl.dot's rows, columns and inner dimension); anything else is refused before a launch."""
+    q, k, v, do = _inputs(1, 2, 2, 8, 8, 16, torch.float16)
+    fwd = kernel.flash_attn_fwd
+    with pytest.raises(ValueError, match="config must set exactly BLOCK_M, BLOCK_N: missing "
+                                         "BLOCK_N$"):
+        fwd(q, k, v, config=triton.Config({"BLOCK_M": 16}))
+    for key, bad in (("BLOCK_N", 24), ("BLOCK_M", 8), ("BLOCK_N", 16.0)):
+        tiles = {"BLOCK_M": 16, "BLOCK_N": 16, key: bad}
+        with pytest.raises(ValueError, match=f"config {key}={bad!r} must be a power of two >= 16"):
+            fwd(q, k, v, config=triton.Config(tiles))
+    with pytest.raises(TypeError, match="config must be a triton.Config or None, got dict"):
+        fwd(q, k, v, config={"BLOCK_M": 16, "BLOCK_N": 16})
+    bwd_config = _configs(q.shape[-1])[1]
+    with pytest.raises(ValueError, match="missing BLOCK_M, BLOCK_N; unknown BLOCK_M1, BLOCK_M2, "
+                                         "BLOCK_N1, BLOCK_N2"):  # the backward's config
+        fwd(q, k, v, config=bwd_config)
+    o, lse = fwd(q, k, v, config=_configs(q.shape[-1])[0])
+    bwd = functools.partial(kernel.flash_attn_bwd, do, q, k, v, o, lse)
+    tiles = {"BLOCK_M1": 16, "BLOCK_N1": 16, "BLOCK_M2": 16}
+    with pytest.raises(ValueError, match="config must set exactly BLOCK_M1, BLOCK_N1, BLOCK_M2, "
+                                         "BLOCK_N2: missing BLOCK_N2$"):
+        bwd(config=triton.Config(tiles))
+    with pytest.raises(ValueError, match="config BLOCK_N2=48 must be a power of two >= 16"):
+        bwd(config=triton.Config({**tiles, "BLOCK_N2": 48}))
+    with pytest.raises(ValueError, match="unknown BLOCK_M$"):
+        bwd(config=triton.Config({**bwd_config.kwargs, "BLOCK_M": 16}))
+    with pytest.raises(ValueError, match="config must set exactly BLOCK_M, BLOCK_N: missing "
+                                         "BLOCK_N$"):  # through the autograd entry point
+        attn.flash_attention(q, k, v, fwd_config=triton.Config({"BLOCK_M": 16}))
 
 
 def test_benchmark_times_implementations_in_interleaved_rounds(monkeypatch):

@@ -619,6 +619,42 @@ def _check_qkv(q, k, v):
                          f"{Hq} heads)")
 
 
+def _check_bwd_saved(q, o, lse):
+    """o and lse as flash_attn_fwd returned them for q: the kernels index both as contiguous
+    [B, Hq, Nq, (D)] buffers (the launcher copies other strides), so a shorter one would be read
+    past its end, and a float16 lse would make Delta float16 too."""
+    check_tensor("o", o, dtypes=(q.dtype,), ndim=4, device=q.device)
+    if o.shape != q.shape:
+        raise ValueError(f"o must have q's shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    check_tensor("lse", lse, dtypes=(torch.float32,), ndim=3, device=q.device)
+    if lse.shape != q.shape[:3]:
+        raise ValueError(f"lse must have shape [B, Hq, Nq] = {tuple(q.shape[:3])}, "
+                         f"got {tuple(lse.shape)}")
+
+
+FWD_TILES = ("BLOCK_M", "BLOCK_N")
+BWD_TILES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+
+
+def _check_config(config, tiles):
+    """A triton.Config that sets exactly ``tiles``, each a power of two (tl.arange) of at least 16
+    (the rows, columns and inner dimension of a tl.dot)."""
+    if config is None:
+        return
+    if not isinstance(config, triton.Config):
+        raise TypeError(f"config must be a triton.Config or None, got {type(config).__name__}")
+    missing = [t for t in tiles if t not in config.kwargs]
+    unknown = sorted(set(config.kwargs) - set(tiles))
+    if missing or unknown:
+        raise ValueError(f"config must set exactly {', '.join(tiles)}: "
+                         + "; ".join(f"{what} {', '.join(keys)}" for what, keys in
+                                     (("missing", missing), ("unknown", unknown)) if keys))
+    for t in tiles:
+        b = config.kwargs[t]
+        if type(b) is not int or b < 16 or b & (b - 1):
+            raise ValueError(f"config {t}={b!r} must be a power of two >= 16")
+
+
 def _check_scale(sm_scale, D) -> float:
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     if not (sm_scale > 0 and math.isfinite(sm_scale)):  # the running max assumes σ > 0
@@ -637,13 +673,15 @@ def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
         causal: mask keys in the future, bottom-right aligned: query i sees key j iff
             j <= i + Nk - Nq (rows with i < Nq - Nk see nothing and give zeros).
         sm_scale: σ in softmax(σ q kᵀ); default 1/sqrt(D).
-        config: a ``triton.Config`` with BLOCK_M, BLOCK_N (tests); None autotunes on a GPU.
+        config: a ``triton.Config`` with BLOCK_M, BLOCK_N (tests), powers of two >= 16; None
+            autotunes on a GPU.
 
     Returns:
         o: [B, Hq, Nq, D] same dtype as q (contiguous); lse: [B, Hq, Nq] float32, the natural
         log-sum-exp of each row of σ q kᵀ, +inf for a row that sees no key.
     """
     _check_qkv(q, k, v)
+    _check_config(config, FWD_TILES)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sm_scale = _check_scale(sm_scale, D)
@@ -701,9 +739,10 @@ def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None
 
     Args:
         do: [B, Hq, Nq, D] gradient of o, q's dtype, any strides.
-        q, k, v, o, lse: as given to and returned by ``flash_attn_fwd``.
-        config: a ``triton.Config`` with BLOCK_M1, BLOCK_N1 (dK/dV) and BLOCK_M2, BLOCK_N2 (dQ);
-            None autotunes each kernel on a GPU.
+        q, k, v, o, lse: as given to and returned by ``flash_attn_fwd`` (o: q's shape and dtype;
+            lse: float32 [B, Hq, Nq]; any strides).
+        config: a ``triton.Config`` with BLOCK_M1, BLOCK_N1 (dK/dV) and BLOCK_M2, BLOCK_N2 (dQ),
+            powers of two >= 16; None autotunes each kernel on a GPU.
         deterministic: choose the atomic-free backward (default) or the fused atomic one.
 
     Returns:
@@ -713,6 +752,8 @@ def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None
     check_tensor("do", do, dtypes=(q.dtype,), ndim=4, device=q.device)
     if do.shape != q.shape:
         raise ValueError(f"do must have q's shape {tuple(q.shape)}, got {tuple(do.shape)}")
+    _check_bwd_saved(q, o, lse)
+    _check_config(config, BWD_TILES)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sm_scale = _check_scale(sm_scale, D)
