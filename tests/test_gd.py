@@ -297,8 +297,8 @@ def test_nan_and_inf_gradients_give_torch_optims_result(kind, hyper, bad, dtype)
     # inf - inf and inf / inf are meant here (the interpreter and the reference run NumPy)
     with np.errstate(invalid="ignore"):
         for k in (1, 2):
-            for q, g in zip(qs, gs, strict=True):
-                q.grad = g.float()
+            for q, g in zip(qs, gs, strict=True):  # a copy: torch's foreach nesterov step
+                q.grad = g.to(torch.float32, copy=True)  # adds the buffer to .grad in place
             ref.step()
             with torch.no_grad():
                 for q in qs:
