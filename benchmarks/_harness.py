@@ -100,16 +100,17 @@ def _driver() -> str:
         return "unknown"
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, check=True,
+                          cwd=RESULTS.parent).stdout.strip()
+
+
 def _commit() -> str:
+    """HEAD's full hash, with "-dirty" when tracked files have uncommitted changes: a result
+    measured on edited code must not pass for the commit's."""
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-            cwd=RESULTS.parent,
-        ).stdout.strip()
+        head = _git("rev-parse", "HEAD")
+        return head + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

@@ -42,3 +42,15 @@ def test_launchers_resolve_lazily_and_unknown_names_fail_clearly(topic, name):
     with pytest.raises(AttributeError,
                        match=f"module 'kernelnotes.{topic}' has no attribute 'nope'"):
         module.nope  # noqa: B018
+
+
+def test_benchmark_provenance_names_the_commit_and_a_dirty_tree():
+    import re
+
+    from benchmarks import _harness
+
+    commit = _harness._commit()
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", commit), commit
+    if commit != "unknown":
+        dirty = bool(_harness._git("status", "--porcelain", "--untracked-files=no"))
+        assert commit.endswith("-dirty") == dirty
