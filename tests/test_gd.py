@@ -329,6 +329,25 @@ def test_nan_and_inf_gradients_give_torch_optims_result(kind, hyper, bad, dtype)
             _assert_same_nonfinite_and_close(t, want, 10 * su)
 
 
+def test_amsgrad_max_takes_a_nan_as_torch_does():
+    """A NaN gradient makes v NaN; torch.maximum keeps it in max_exp_avg_sq, and so must the
+    kernel (the GPU's max.f32 alone would return the other operand)."""
+    shape = (CFG.kwargs["BLOCK"] + 37,)
+    (p,), (g,) = _params(torch.float32, [shape]), _params(torch.float32, [shape], seed=1)
+    g[5] = g[-2] = math.nan  # in a full block and in the masked tail
+    q = p.clone()
+    q.grad = g.clone()
+    ref = torch.optim.Adam([q], lr=1e-2, amsgrad=True)
+    ref.step()
+    m, v, vmax = (torch.zeros(shape, device=DEVICE) for _ in range(3))
+    adam_step_([p], [g], [m], [v], [vmax], step=1, lr=1e-2, amsgrad=True, config=CFG)
+    want = ref.state[q]["max_exp_avg_sq"]
+    assert torch.equal(vmax.isnan(), want.isnan()) and vmax.isnan().sum() == 2
+    fin = ~want.isnan()
+    assert rel_err(vmax[fin], want[fin]) < 10 * U32
+    _assert_same_nonfinite_and_close(p, q, 10 * U32)
+
+
 # ---------------------------------------------------------------- optimizers against torch.optim
 
 

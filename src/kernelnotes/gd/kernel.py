@@ -156,12 +156,13 @@ def _adam_block(p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, offs, mask, step_size, bet
         p = p * decay  # AdamW: theta <- (1 - eta lambda) theta, decoupled from the moments
     m = beta1 * m + one_minus_beta1 * g  # m <- beta1 m + (1 - beta1) g
     v = beta2 * v + one_minus_beta2 * (g * g)  # v <- beta2 v + (1 - beta2) g^2
-    if AMSGRAD:
+    if AMSGRAD:  # a NaN v stays in the max, as with torch.maximum (max.f32 alone drops it)
         if MASKED:
-            vmax = tl.maximum(tl.load(vmax_ptr + offs, mask=mask), v)
+            vmax = tl.maximum(tl.load(vmax_ptr + offs, mask=mask), v,
+                              propagate_nan=tl.PropagateNan.ALL)
             tl.store(vmax_ptr + offs, vmax, mask=mask)
         else:
-            vmax = tl.maximum(tl.load(vmax_ptr + offs), v)
+            vmax = tl.maximum(tl.load(vmax_ptr + offs), v, propagate_nan=tl.PropagateNan.ALL)
             tl.store(vmax_ptr + offs, vmax)
         denom = tl.div_rn(tl.sqrt_rn(vmax), bc2_sqrt) + eps
     else:
