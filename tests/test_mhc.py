@@ -308,17 +308,19 @@ def test_refusals_of_configs():
     with pytest.raises(ValueError, match="keys 'project' and 'fuse'"):
         mhc_pre(residual, fn, scale, base, config={"fuse": STREAM_CFG})
     bad_k = {"project": {**PRE_CFG["project"], "BLOCK_K": 48}, "fuse": STREAM_CFG}
-    with pytest.raises(ValueError, match=r"config\['project'\]\['BLOCK_K'\] must be a power of two "
-                                         r">= 16 dividing 256, got 48"):
+    with pytest.raises(ValueError, match=r"config\['project'\] BLOCK_K=48 must be a power of two "
+                                         r">= 16 dividing 256$"):
         mhc_pre(residual, fn, scale, base, config=bad_k)
     small_t = {"project": {**PRE_CFG["project"], "BLOCK_T": 8}, "fuse": STREAM_CFG}
-    with pytest.raises(ValueError, match=r"\['BLOCK_T'\] must be a power of two >= 16"):
+    with pytest.raises(ValueError, match=r"config\['project'\] BLOCK_T=8 must be a power of two "
+                                         r">= 16$"):
         mhc_pre(residual, fn, scale, base, config=small_t)
-    with pytest.raises(ValueError, match=r"missing \['BLOCK_H'\]"):
+    with pytest.raises(ValueError, match=r"config must set exactly BLOCK_T, BLOCK_H \(and may set "
+                                         r"num_warps, num_stages\): missing BLOCK_H$"):
         mhc_post(x, residual, post, comb, config={"BLOCK_T": 2})
-    with pytest.raises(ValueError, match=r"unknown \['BLOCK_K'\]"):
+    with pytest.raises(ValueError, match=r"\): unknown BLOCK_K$"):
         mhc_post(x, residual, post, comb, config={**STREAM_CFG, "BLOCK_K": 64})
-    with pytest.raises(ValueError, match=r"config\['BLOCK_H'\] must be a power of two"):
+    with pytest.raises(ValueError, match=r"config BLOCK_H=100 must be a power of two >= 1$"):
         mhc_pre_from_mixes(dot, sq, residual, scale, base, config={**STREAM_CFG, "BLOCK_H": 100})
     with pytest.raises(TypeError, match="config must be a dict"):
         mhc_pre_from_mixes(dot, sq, residual, scale, base, config=[2, 1024])

@@ -46,6 +46,24 @@ def check_tensor(
         raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs on one device)")
 
 
+def check_tiles(name: str, tiles, rules: dict, optional: Iterable = ()) -> None:
+    """A launch config's tile sizes: ``tiles`` (a mapping) sets exactly the keys of ``rules``, plus
+    any of ``optional``, each a power of two (``tl.arange`` needs one) of at least
+    ``rules[key][0]`` that divides ``rules[key][1]`` where that is not None."""
+    missing = [k for k in rules if k not in tiles]
+    unknown = sorted(set(tiles) - set(rules) - set(optional))
+    if missing or unknown:
+        may = f" (and may set {', '.join(optional)})" if optional else ""
+        raise ValueError(f"{name} must set exactly {', '.join(rules)}{may}: "
+                         + "; ".join(f"{what} {', '.join(keys)}" for what, keys in
+                                     (("missing", missing), ("unknown", unknown)) if keys))
+    for key, (least, divides) in rules.items():
+        b = tiles[key]
+        if type(b) is not int or b < least or b & (b - 1) or (divides is not None and divides % b):
+            but = f" dividing {divides}" if divides is not None else ""
+            raise ValueError(f"{name} {key}={b!r} must be a power of two >= {least}{but}")
+
+
 def interpreted(kernel) -> bool:
     """Whether a @triton.jit function runs in Triton's interpreter (TRITON_INTERPRET=1 at its
     import)."""

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
+from kernelnotes._validate import check_kernel_device, check_tensor, check_tiles, interpreted
 
 try:  # host-side TMA descriptors (Triton >= 3.4); without them D = 128 takes the pointer kernel
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -637,22 +637,13 @@ BWD_TILES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
 
 
 def _check_config(config, tiles):
-    """A triton.Config that sets exactly ``tiles``, each a power of two (tl.arange) of at least 16
-    (the rows, columns and inner dimension of a tl.dot)."""
+    """A triton.Config that sets exactly ``tiles``, each a power of two of at least 16 (the rows,
+    columns and inner dimension of a tl.dot)."""
     if config is None:
         return
     if not isinstance(config, triton.Config):
         raise TypeError(f"config must be a triton.Config or None, got {type(config).__name__}")
-    missing = [t for t in tiles if t not in config.kwargs]
-    unknown = sorted(set(config.kwargs) - set(tiles))
-    if missing or unknown:
-        raise ValueError(f"config must set exactly {', '.join(tiles)}: "
-                         + "; ".join(f"{what} {', '.join(keys)}" for what, keys in
-                                     (("missing", missing), ("unknown", unknown)) if keys))
-    for t in tiles:
-        b = config.kwargs[t]
-        if type(b) is not int or b < 16 or b & (b - 1):
-            raise ValueError(f"config {t}={b!r} must be a power of two >= 16")
+    check_tiles("config", config.kwargs, dict.fromkeys(tiles, (16, None)))
 
 
 def _check_scale(sm_scale, D) -> float:

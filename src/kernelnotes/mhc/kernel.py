@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelnotes._validate import check_kernel_device, check_tensor
+from kernelnotes._validate import check_kernel_device, check_tensor, check_tiles
 
 N_HC = 4  # streams; the kernels are written for exactly 4
 N_MIX = 24  # [pre 0..3 | post 4..7 | comb 8..23], comb[j][k] at slot 8 + 4j + k
@@ -396,22 +396,11 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _check_config(name, config, sizes) -> None:
-    """A launch config: a dict with the block sizes ``sizes`` ({key: (least, what it must
-    divide or None)}), each a power of two (tl.arange needs one), plus optional num_warps and
-    num_stages."""
+    """A launch config: a dict with the block sizes ``sizes`` ({key: (least, what it must divide
+    or None)}, see check_tiles) and optionally num_warps and num_stages."""
     if not isinstance(config, dict):
         raise TypeError(f"{name} must be a dict, got {type(config).__name__}")
-    missing = [k for k in sizes if k not in config]
-    unknown = sorted(set(config) - set(sizes) - {"num_warps", "num_stages"})
-    if missing or unknown:
-        raise ValueError(f"{name} must have the keys {', '.join(sizes)} (and optionally "
-                         f"num_warps, num_stages); missing {missing}, unknown {unknown}")
-    for key, (least, divides) in sizes.items():
-        v = config[key]
-        ok = isinstance(v, int) and v >= least and v & (v - 1) == 0
-        if not ok or (divides is not None and divides % v):
-            but = f" dividing {divides}" if divides is not None else ""
-            raise ValueError(f"{name}[{key!r}] must be a power of two >= {least}{but}, got {v!r}")
+    check_tiles(name, config, sizes, optional=("num_warps", "num_stages"))
 
 
 # the streaming kernels' tiles; the projection's: BLOCK_T is the MMA's M, BLOCK_K its K
