@@ -42,6 +42,11 @@ class NoConvergenceError(RootFindingError):
 
 
 # --8<-- [start:iterate]
+def _check_budget(tol: float, max_iter: int) -> None:
+    if not (tol > 0 and max_iter >= 1):
+        raise ValueError(f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
+
+
 def _finite(value: float, what: str, history: list[float]) -> float:
     if not np.all(np.isfinite(value)):  # np.all: newton_system passes vectors too
         raise NonFiniteError(f"{what} is {value} after {len(history) - 1} steps", history)
@@ -56,10 +61,7 @@ def iterate(
     name: str,
 ) -> np.ndarray:
     """Run ``x_{n+1} = step(x_n)`` until ``|x_{n+1} - x_n| <= tol * max(1, |x_{n+1}|)``."""
-    if not (tol > 0 and max_iter >= 1):
-        raise ValueError(
-            f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}"
-        )
+    _check_budget(tol, max_iter)
     history = [_finite(float(x0), "x0", [float(x0)])]
     for _ in range(max_iter):
         x_next = _finite(step(history[-1], history), "the next iterate", history)
@@ -178,10 +180,7 @@ def newton_system(
     """Multivariate Newton: solve J(x_n) dx = -F(x_n), x_{n+1} = x_n + dx. Returns [steps+1, d].
 
     Stops and fails as ``newton`` does, with the iterates so far (shape [steps+1, d]) attached."""
-    if not (tol > 0 and max_iter >= 1):
-        raise ValueError(
-            f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}"
-        )
+    _check_budget(tol, max_iter)
     x0 = np.asarray(x0, dtype=np.float64)
     if x0.ndim != 1:
         raise ValueError(f"x0 must be a 1-D vector, got shape {x0.shape}")
