@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import triton
 
 from kernelnotes import attention as attn
-from kernelnotes._testing import UNIT_ROUNDOFF, dtype_name, poison_, rel_err
+from kernelnotes._testing import UNIT_ROUNDOFF, dtype_name, poison_allocations, rel_err
 from kernelnotes.attention import kernel
 from kernelnotes.attention import reference as ref
 from tests._machine import DEVICE, ON_GPU  # conftest imported it first: TRITON_INTERPRET is set
@@ -464,9 +464,7 @@ def test_fully_masked_rows_are_zero():
 
 def test_outputs_fully_written(monkeypatch):
     """Every buffer the launchers allocate starts as NaN: each element must be overwritten."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison_(real_empty_like(*a, **kw)))
+    poison_allocations(monkeypatch)
     q, k, v, do = _inputs(1, 3, 1, 37, 29, 40, torch.bfloat16)
     o, lse = kernel.flash_attn_fwd(q, k, v, causal=False, config=_configs(q.shape[-1])[0])
     q128, k128, v128, _ = _inputs(1, 3, 1, 37, 29, 128, torch.bfloat16)  # the TMA forward
@@ -486,8 +484,7 @@ def test_causal_tile_order_covers_every_tile(monkeypatch, D):
     """Causal tiles run longest first in groups of heads (_tile_order): with groups of 1, 2
     (the last group short: 5 heads) and all heads, every output element is written and the bits
     do not depend on the order."""
-    real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
+    poison_allocations(monkeypatch)
     q, k, v, _ = _inputs(1, 5, 1, 70, 70, D, torch.bfloat16)
     per_head = 4 * k.shape[2] * D  # bytes of one head's K and V
     outs = []

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from kernelnotes._testing import UNIT_ROUNDOFF, dtype_name, poison_, rel_err
+from kernelnotes._testing import UNIT_ROUNDOFF, dtype_name, poison_, poison_allocations, rel_err
 from kernelnotes.ffn import reference as ref
 from tests._machine import DEVICE, ON_GPU, size
 
@@ -125,8 +125,7 @@ def test_swiglu_and_act_backward_outputs_fully_written(monkeypatch):
     W = rand(2 * H, K, dtype=torch.float16, scale=K**-0.5, seed=2)
     b = rand(2 * H, dtype=torch.float16, seed=3)
     dh = rand(M, H, dtype=torch.float16, seed=4)
-    real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
+    poison_allocations(monkeypatch)
     h, z = k.linear_swiglu_forward(x, W, b, store_z=True, config=CONFIG)
     dz, db = k.act_backward(dh, z, gated=True, want_db=True)
     monkeypatch.undo()

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelnotes._testing import UNIT_ROUNDOFF, poison_, rel_err
+from kernelnotes._testing import UNIT_ROUNDOFF, poison_allocations, rel_err
 from kernelnotes.mhc import reference as R
 from kernelnotes.mhc.kernel import _round_bf16, mhc_post, mhc_pre, mhc_pre_from_mixes
 from kernelnotes.mhc.torch_reference import mhc_post_torch, mhc_pre_torch
@@ -127,9 +127,7 @@ def test_issue_bar_flashinfer_tolerances(T, H):
 
 def test_outputs_fully_written(monkeypatch):
     """Every output element is written: allocate all outputs NaN-poisoned."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison_(real_empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison_(real_empty_like(*a, **k)))
+    poison_allocations(monkeypatch)
     T, H = 7, 100
     residual, fn, scale, base = make_inputs(T, H)
     outs = mhc_pre(residual, fn, scale, base, config=PRE_CFG, num_splits=3)

@@ -51,6 +51,16 @@ def poison_(t):
     return t.fill_(float("nan"))
 
 
+def poison_allocations(monkeypatch) -> None:
+    """Make every ``torch.empty`` / ``torch.empty_like`` allocation start as NaN (until
+    ``monkeypatch.undo()``), so that an output element a launcher's kernel fails to write shows."""
+    import torch
+
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison_(real_empty_like(*a, **kw)))
+
+
 def ulp_distance_f32(a, b) -> np.ndarray:
     """How many representable float32 numbers lie between ``a`` and ``b`` (0 when equal; NaN==NaN).
 
