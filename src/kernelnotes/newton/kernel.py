@@ -58,13 +58,12 @@ def _sqrt_kernel(
     else:
         x = tl.load(x_ptr + offs, mask=mask, other=1.0).to(tl.float32)
 
+    # read off the bits (immune to FTZ), each test one integer compare:
     bits = x.to(tl.int32, bitcast=True)
-    tiny = (
-        bits & 0x7F800000
-    ) == 0  # +-0 and subnormals, read off the bits (immune to FTZ)
-    xs = x * tl.where(tiny, 16777216.0, 1.0)  # 2^24 x is normal and exact
-    ok = (xs > 0.0) & (xs < float("inf"))  # positive, finite, nonzero; NaN fails both
-    xs = tl.where(ok, xs, 1.0)  # keep the arithmetic finite on every lane
+    ok = (bits - 1).to(tl.uint32, bitcast=True) < 0x7F7FFFFF  # 0 < x < inf; NaN, -x fail
+    tiny = bits.to(tl.uint32, bitcast=True) < 0x00800000  # +0 or a positive subnormal
+    xs = tl.where(ok, x * tl.where(tiny, 16777216.0, 1.0), 1.0)  # 2^24 x is normal and exact;
+    # 1.0 keeps the arithmetic finite on the lanes the special values take
 
     y = _rsqrt_estimate(xs, NEWTON_STEPS)  # ~1/sqrt(xs), |e| < 4.7e-6
     if RSQRT:
