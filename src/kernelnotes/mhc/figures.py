@@ -11,8 +11,13 @@ import numpy as np
 from kernelnotes._results import load, markdown_table, provenance
 from kernelnotes.mhc import reference as R
 
-PENDING = ('!!! note "Results pending"\n    Results pending: run `python -m benchmarks mhc` '
-           "on a GPU (this page then shows the measured table).")
+
+def _pending(bench: str = "mhc") -> str:
+    return ('!!! note "Results pending"\n    Results pending: run `python -m benchmarks '
+            f'{bench}` on a GPU (this page then shows the measured table).')
+
+
+PENDING = _pending()
 OPS = ("mhc_pre", "mhc_pre_from_mixes", "mhc_post")
 
 
@@ -139,9 +144,9 @@ def table_flashinfer_published() -> str:
 
 # ---- the kernel study: measured on the H200 --------------------------------------------------
 
-def _results():
+def _results(bench: str = "mhc"):
     try:
-        return load("mhc")
+        return load(bench)
     except FileNotFoundError:
         return None
 
@@ -199,14 +204,11 @@ def table_phases() -> str:
 def table_small_t_graph() -> str:
     """Small T with the host out of the way: GPU time per call replayed from a CUDA graph
     (``benchmarks/results/mhc_graph.json``)."""
-    try:
-        res = load("mhc_graph")
-    except FileNotFoundError:
-        res = {"rows": []}
-    graph = {(r["op"], r["impl"], r["T"], r["H"]): r["graph_ms"] for r in res["rows"]
-             if r.get("graph_ms")}
+    res = _results("mhc_graph")
+    graph = {} if res is None else {(r["op"], r["impl"], r["T"], r["H"]): r["graph_ms"]
+                                    for r in res["rows"] if r.get("graph_ms")}
     if not graph:
-        return PENDING.replace("benchmarks mhc`", "benchmarks mhc_graph`")
+        return _pending("mhc_graph")
     skipped = {(r["op"], r["impl"], r["T"], r["H"]): r["skipped"] for r in res["rows"]
                if r.get("skipped")}
     rows = []
