@@ -74,10 +74,9 @@ def _sqrt_kernel(
             r = tl.fma(-(xs * y), y, 1.0)
             res = tl.fma(0.5 * y, r, y)
         res = res * tl.where(tiny, 4096.0, 1.0)  # 1/sqrt(x) = 2^12 / sqrt(2^24 x)
-        zero_inf = tl.where(bits < 0, float("-inf"), float("inf"))  # 1/sqrt(-0) = -inf
-        special = tl.where(
-            x == 0.0, zero_inf, tl.where(x == float("inf"), 0.0, float("nan"))
-        )
+        # +-0 -> +-inf and inf -> +0 flip the exponent bits; x < 0, -inf, NaN -> NaN
+        flipped = (bits ^ 0x7F800000).to(tl.float32, bitcast=True)
+        special = tl.where((x == 0.0) | (x == float("inf")), flipped, float("nan"))
     else:
         res = xs * y
         if REFINE:
