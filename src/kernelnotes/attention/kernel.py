@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelnotes._grid import cdiv, next_power_of_2
 from kernelnotes._validate import check_kernel_device, check_tensor, check_tiles, interpreted
 
 try:  # host-side TMA descriptors (Triton >= 3.4); without them D = 128 takes the pointer kernel
@@ -578,7 +579,7 @@ def _dot_fp32(q) -> bool:
 
 
 def _block_d(D: int) -> int:
-    return max(16, triton.next_power_of_2(D))
+    return max(16, next_power_of_2(D))
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -694,10 +695,10 @@ def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
     even_n = all(Nk % c.kwargs["BLOCK_N"] == 0 for c in configs)  # for every candidate tile
     if config is None:
         kernel = _autotuned(_flash_attn_fwd_kernel, "fwd", block_d, configs)
-        grid = lambda META: (triton.cdiv(Nq, META["BLOCK_M"]), B * Hq)  # noqa: E731
+        grid = lambda META: (cdiv(Nq, META["BLOCK_M"]), B * Hq)  # noqa: E731
         kernel[grid](*args, **meta, EVEN_N=even_n)
     else:
-        grid = (triton.cdiv(Nq, config.kwargs["BLOCK_M"]), B * Hq)
+        grid = (cdiv(Nq, config.kwargs["BLOCK_M"]), B * Hq)
         _flash_attn_fwd_kernel[grid](*args, **meta, **config.kwargs, EVEN_N=even_n,
                                      num_warps=config.num_warps, num_stages=config.num_stages)
     return o, lse
@@ -712,7 +713,7 @@ def _fwd_tma(q, k, v, o, lse, causal, sm_scale, config, meta):
     descs = (TensorDescriptor(q, [B * Hq * Nq, D], [D, 1], [bm, D]),
              TensorDescriptor(k, [B * Hkv * Nk, D], [D, 1], [bn, D]),
              TensorDescriptor(v, [B * Hkv * Nk, D], [D, 1], [bn, D]))
-    _flash_attn_fwd_tma_kernel[(triton.cdiv(Nq, bm), B * Hq)](
+    _flash_attn_fwd_tma_kernel[(cdiv(Nq, bm), B * Hq)](
         *descs, o, lse, Nq, Nk, Hq // Hkv, sm_scale, **meta, BLOCK_M=bm, BLOCK_N=bn,
         EVEN_N=Nk % bn == 0, num_warps=config.num_warps, num_stages=config.num_stages)
 
@@ -752,7 +753,7 @@ def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None
     o, lse = o.contiguous(), lse.contiguous()
     block_d = _block_d(D)
     delta = torch.empty_like(lse)
-    _bwd_preprocess_kernel[(triton.cdiv(Nq, 64), B * Hq)](
+    _bwd_preprocess_kernel[(cdiv(Nq, 64), B * Hq)](
         o, do, delta, *do.stride(), Hq, Nq, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=64)
     dk = torch.empty((B, Hkv, Nk, D), dtype=q.dtype, device=q.device)
     dv = torch.empty_like(dk)
@@ -773,19 +774,19 @@ def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None
         else:  # one candidate: tuning runs of an atomic kernel must re-zero DQ each time anyway
             dkdv = _autotuned(_flash_attn_bwd_dkdv_kernel, "dkdv_atomic", block_d,
                               _dkdv_configs(block_d)[:1], reset_to_zero=["DQ"])
-        dkdv[lambda META: (triton.cdiv(Nk, META["BLOCK_N1"]), B * Hkv)](
+        dkdv[lambda META: (cdiv(Nk, META["BLOCK_N1"]), B * Hkv)](
             *dkdv_args, **meta, DQ_ATOMIC=not deterministic)
         if deterministic:
             dqk = _autotuned(_flash_attn_bwd_dq_kernel, "dq", block_d, _dq_configs(block_d))
-            dqk[lambda META: (triton.cdiv(Nq, META["BLOCK_M2"]), B * Hq)](*dq_args, **meta)
+            dqk[lambda META: (cdiv(Nq, META["BLOCK_M2"]), B * Hq)](*dq_args, **meta)
     else:
         c = config.kwargs
         launch = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-        _flash_attn_bwd_dkdv_kernel[(triton.cdiv(Nk, c["BLOCK_N1"]), B * Hkv)](
+        _flash_attn_bwd_dkdv_kernel[(cdiv(Nk, c["BLOCK_N1"]), B * Hkv)](
             *dkdv_args, **meta, BLOCK_M1=c["BLOCK_M1"], BLOCK_N1=c["BLOCK_N1"],
             DQ_ATOMIC=not deterministic, **launch)
         if deterministic:
-            _flash_attn_bwd_dq_kernel[(triton.cdiv(Nq, c["BLOCK_M2"]), B * Hq)](
+            _flash_attn_bwd_dq_kernel[(cdiv(Nq, c["BLOCK_M2"]), B * Hq)](
                 *dq_args, **meta, BLOCK_M2=c["BLOCK_M2"], BLOCK_N2=c["BLOCK_N2"], **launch)
     if not deterministic:
         dq = (dq * sm_scale).to(q.dtype)

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from kernelnotes._grid import cdiv
 from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
 
 # --8<-- [start:activations]
@@ -573,7 +574,7 @@ def _matmul(
         def grid(meta):
             return (
                 _num_programs(
-                    c.device, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+                    c.device, cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])
                 ),
             )
 
@@ -581,7 +582,7 @@ def _matmul(
     else:
         cfg = config or INTERPRETER_CONFIG
         kw = {n: v for n, v in cfg.kwargs.items() if n != "TMA"}
-        tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"])
+        tiles = cdiv(M, kw["BLOCK_M"]) * cdiv(N, kw["BLOCK_N"])
         launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         grid = (_num_programs(c.device, tiles),)
         nsm = _num_programs(c.device, 1 << 30)
@@ -601,7 +602,7 @@ def _tma_default(a, b, c) -> bool:
     if torch.cuda.get_device_capability(c.device)[0] < 9:
         return False
     kw = TMA_CONFIG.kwargs
-    tiles = triton.cdiv(c.shape[0], kw["BLOCK_M"]) * triton.cdiv(c.shape[1], kw["BLOCK_N"])
+    tiles = cdiv(c.shape[0], kw["BLOCK_M"]) * cdiv(c.shape[1], kw["BLOCK_N"])
     return (tiles >= 2 * _num_programs(c.device, 1 << 30) and _tma_view(a)[0] is not None
             and _tma_view(b)[0] is not None)
 
@@ -747,7 +748,7 @@ def linear_swiglu_forward(x, weight, bias=None, *, store_z=False, config=None):
             def grid(meta):
                 return (
                     _num_programs(
-                        x.device, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(H, meta["BLOCK_N"])
+                        x.device, cdiv(M, meta["BLOCK_M"]) * cdiv(H, meta["BLOCK_N"])
                     ),
                 )
 
@@ -755,7 +756,7 @@ def linear_swiglu_forward(x, weight, bias=None, *, store_z=False, config=None):
         else:
             cfg = config or INTERPRETER_CONFIG
             kw = cfg.kwargs
-            tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(H, kw["BLOCK_N"])
+            tiles = cdiv(M, kw["BLOCK_M"]) * cdiv(H, kw["BLOCK_N"])
             _swiglu_fixed[(_num_programs(x.device, tiles),)](
                 *args,
                 **flags,
@@ -798,7 +799,7 @@ def act_backward(dy, z, activation="gelu", *, gated=False, want_dz=True, want_db
     db = torch.zeros(nz, device=dy.device, dtype=torch.float32) if want_db else None
     if dy.numel() and (write_dz or want_db):
         BLOCK_M, BLOCK_N = 64, 64
-        grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
+        grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
         _act_backward_kernel[grid](
             dy,
             dy if z is None else z,

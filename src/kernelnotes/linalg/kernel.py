@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelnotes._grid import cdiv, next_power_of_2
 from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
 
 # --8<-- [start:setup]
@@ -343,7 +344,7 @@ def _lstsq_kernel(
 
 # --8<-- [start:launch_common]
 def _pow2(x: int) -> int:
-    return max(2, triton.next_power_of_2(x))
+    return max(2, next_power_of_2(x))
 
 
 def _default_config(tile_elems: int) -> triton.Config:
@@ -435,7 +436,7 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
     if config is not None or interpreted(kernel):  # a fixed launch: MATS 1 unless set
         config = config or _default_config(NP * NP)
         config = triton.Config({"MATS": 1, **config.kwargs}, num_warps=config.num_warps)
-    _launch(kernel, _lu_factor_tuned, lambda meta: (triton.cdiv(B, meta["MATS"]),),
+    _launch(kernel, _lu_factor_tuned, lambda meta: (cdiv(B, meta["MATS"]),),
             (a, lu, piv, info, n, B), {"NP": NP}, config, NP * NP, B)
     return lu, piv, info
 # --8<-- [end:lu_factor]

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelnotes._grid import cdiv, next_power_of_2
 from kernelnotes._validate import check_kernel_device, check_tensor, check_tiles
 
 N_HC = 4  # streams; the kernels are written for exactly 4
@@ -370,7 +371,7 @@ _post_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T"])(_mhc_post_kernel)
 
 
 # --8<-- [start:run_tuned]
-_CHOSEN: dict = {}  # autotune key -> the config Triton's autotuner chose for it
+_CHOSEN: dict = {}  # autotune key -> the launch kwargs of the config Triton's autotuner chose
 
 
 def _run_tuned(tuned, grid, key: tuple, *args, **kwargs) -> None:
@@ -378,12 +379,11 @@ def _run_tuned(tuned, grid, key: tuple, *args, **kwargs) -> None:
     launched directly. Triton's autotuner spends tens of microseconds of host time on every
     call; on the H200 that showed in the timings of the short kernels (mhc_pre_from_mixes at
     T = 8192, H = 4096 is one pass over the residual, well under a millisecond)."""
-    config = _CHOSEN.get(key)
-    if config is None:
+    meta = _CHOSEN.get(key)
+    if meta is None:
         tuned[grid](*args, **kwargs)
-        _CHOSEN[key] = tuned.best_config
+        _CHOSEN[key] = tuned.best_config.all_kwargs()
     else:
-        meta = config.all_kwargs()
         tuned.fn[grid(meta)](*args, **kwargs, **meta)
 # --8<-- [end:run_tuned]
 
@@ -445,9 +445,9 @@ def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps
             1.0 / (N_HC * H), float(rms_eps), float(pre_eps), float(sinkhorn_eps),
             float(post_mult), int(sinkhorn_iters))
     meta_t = META_T["cuda" if residual.device.type == "cuda" else "cpu"]
-    n_meta = triton.cdiv(T, meta_t)
-    grid = lambda m: (n_meta + triton.cdiv(T, m["BLOCK_T"]) * triton.cdiv(H, m["BLOCK_H"]),)  # noqa: E731
-    s_max = triton.next_power_of_2(S)
+    n_meta = cdiv(T, meta_t)
+    grid = lambda m: (n_meta + cdiv(T, m["BLOCK_T"]) * cdiv(H, m["BLOCK_H"]),)  # noqa: E731
+    s_max = next_power_of_2(S)
     fixed = dict(S_MAX=s_max, REVERSE=reverse, META_T=meta_t)
     if config is None:
         _run_tuned(_fuse_tuned, grid, ("fuse", H, T, S, reverse, residual.device), *args,
@@ -515,7 +515,7 @@ def _split_fn(fn):
     """fn [24, K] fp32 -> [2, 24, K] bf16, its hi and lo parts (_mhc_split_fn_kernel)."""
     n = fn.numel()
     w = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
-    _mhc_split_fn_kernel[(triton.cdiv(n, 4096),)](fn, w, n, BLOCK=4096)
+    _mhc_split_fn_kernel[(cdiv(n, 4096),)](fn, w, n, BLOCK=4096)
     return w
 
 
@@ -527,14 +527,14 @@ def _project(residual, w, num_splits, config):
         # ~2 programs per SM (64-token blocks): long K loops keep the load pipeline full, and
         # few splits keep the partials that the big-fuse kernel sums few (H200 sweep at
         # T = 8192: 2 splits 81 us, 16 splits 92 us for H = 4096)
-        want = 2 * _sm_count(residual.device) // triton.cdiv(T, 64)
-        num_splits = max(1, min(want, triton.cdiv(K, K_SPLIT_ALIGN), MAX_SPLITS))
-    k_split = triton.cdiv(triton.cdiv(K, num_splits), K_SPLIT_ALIGN) * K_SPLIT_ALIGN
-    S = triton.cdiv(K, k_split)  # every split non-empty
+        want = 2 * _sm_count(residual.device) // cdiv(T, 64)
+        num_splits = max(1, min(want, cdiv(K, K_SPLIT_ALIGN), MAX_SPLITS))
+    k_split = cdiv(cdiv(K, num_splits), K_SPLIT_ALIGN) * K_SPLIT_ALIGN
+    S = cdiv(K, k_split)  # every split non-empty
     dot_mix = torch.empty((S, T, N_MIX), dtype=torch.float32, device=residual.device)
     sqrsum = torch.empty((S, T), dtype=torch.float32, device=residual.device)
     args = (residual, w, dot_mix, sqrsum, T, K, k_split)
-    grid = lambda meta: (S, triton.cdiv(T, meta["BLOCK_T"]))  # noqa: E731
+    grid = lambda meta: (S, cdiv(T, meta["BLOCK_T"]))  # noqa: E731
     mma_bf16 = residual.device.type == "cuda"
     if config is None:
         _run_tuned(_project_tuned, grid, ("project", K, T, residual.device), *args,
@@ -622,7 +622,7 @@ def mhc_post(x, residual, post_mix, comb_mix, *, config=None):
     if config is not None:
         _check_config("config", config, _STREAM_SIZES)
     out = torch.empty_like(residual)
-    grid = lambda m: (triton.cdiv(T, m["BLOCK_T"]) * triton.cdiv(H, m["BLOCK_H"]),)  # noqa: E731
+    grid = lambda m: (cdiv(T, m["BLOCK_T"]) * cdiv(H, m["BLOCK_H"]),)  # noqa: E731
     if config is None:
         _run_tuned(_post_tuned, grid, ("post", H, T, residual.device), x, residual, post_mix,
                    comb_mix, out, T, H)

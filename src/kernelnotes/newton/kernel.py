@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelnotes._grid import cdiv
 from kernelnotes._validate import check_kernel_device, check_tensor
 
 # --8<-- [start:constants]
@@ -112,7 +113,7 @@ def _launch(
         raise ValueError(f"block must be a power of two >= 128, got {block}")
     n = x.numel()
     if n:
-        grid = (triton.cdiv(n, block),)
+        grid = (cdiv(n, block),)
         bf16 = x.dtype == torch.bfloat16
         _sqrt_kernel[grid](
             x.view(torch.int16) if bf16 else x,
