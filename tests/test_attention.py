@@ -586,8 +586,12 @@ def test_refusals():
         fwd(q[:, :, :0], k, v)
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
         fwd(q.cpu().numpy(), k, v)
-    with pytest.raises(ValueError, match="sm_scale must be a positive finite number, got -1.0"):
+    with pytest.raises(ValueError, match="sm_scale must be a finite number > 0, got -1.0"):
         fwd(q, k, v, sm_scale=-1.0)
+    with pytest.raises(ValueError, match="sm_scale must be a finite number > 0, got nan"):
+        fwd(q, k, v, sm_scale=float("nan"))
+    with pytest.raises(TypeError, match="sm_scale must be a real number, got str"):
+        fwd(q, k, v, sm_scale="0.125")
     many = torch.zeros(1, 65536, 1, 16, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="B \\* Hq = 65536 is not supported"):
         fwd(many, many[:, :1], many[:, :1])

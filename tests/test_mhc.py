@@ -290,6 +290,10 @@ def test_refusals_pre():
         mhc_pre(residual, fn, scale, base, sinkhorn_eps=0.0, config=PRE_CFG)
     with pytest.raises(ValueError, match="rms_eps must be a finite number > 0"):
         mhc_pre(residual, fn, scale, base, rms_eps=-1e-6, config=PRE_CFG)
+    with pytest.raises(TypeError, match="pre_eps must be a real number, got str"):
+        mhc_pre(residual, fn, scale, base, pre_eps="1e-6", config=PRE_CFG)
+    with pytest.raises(ValueError, match="post_mult must be a finite number, got inf"):
+        mhc_pre(residual, fn, scale, base, post_mult=float("inf"), config=PRE_CFG)
     with pytest.raises(ValueError, match="sinkhorn_iters must be an int >= 1"):
         mhc_pre(residual, fn, scale, base, sinkhorn_iters=0, config=PRE_CFG)
     with pytest.raises(ValueError, match="num_splits must be an int >= 1"):

@@ -5,6 +5,8 @@ Torch is only touched through the tensor that is passed in, so this module impor
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 
 
@@ -44,6 +46,27 @@ def check_tensor(
         )
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs on one device)")
+
+
+# what a number argument may be; NaN fails every rule, and only the unit intervals admit no inf
+REAL_RULES = {
+    "a finite number": math.isfinite,
+    "a finite number > 0": lambda x: 0.0 < x < math.inf,
+    "a finite number >= 0": lambda x: 0.0 <= x < math.inf,
+    "in [0, 1)": lambda x: 0.0 <= x < 1.0,
+    "in [0, 1]": lambda x: 0.0 <= x <= 1.0,
+}
+
+
+def check_real(name: str, value, rule: str) -> float:
+    """``value`` as a float; a ``TypeError`` naming ``name`` unless it is a real number (int,
+    float or NumPy scalar, not a tensor), a ``ValueError`` unless it is ``rule`` (a key of
+    ``REAL_RULES``)."""
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not REAL_RULES[rule](float(value)):
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
+    return float(value)
 
 
 def check_tiles(name: str, tiles, rules: dict, optional: Iterable = ()) -> None:

@@ -24,7 +24,13 @@ import triton
 import triton.language as tl
 
 from kernelnotes._grid import cdiv, next_power_of_2
-from kernelnotes._validate import check_kernel_device, check_tensor, check_tiles, interpreted
+from kernelnotes._validate import (
+    check_kernel_device,
+    check_real,
+    check_tensor,
+    check_tiles,
+    interpreted,
+)
 
 try:  # host-side TMA descriptors (Triton >= 3.4); without them D = 128 takes the pointer kernel
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -648,10 +654,9 @@ def _check_config(config, tiles):
 
 
 def _check_scale(sm_scale, D) -> float:
-    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
-    if not (sm_scale > 0 and math.isfinite(sm_scale)):  # the running max assumes σ > 0
-        raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale}")
-    return sm_scale
+    if sm_scale is None:
+        return 1.0 / math.sqrt(D)
+    return check_real("sm_scale", sm_scale, "a finite number > 0")  # the running max needs σ > 0
 
 
 # --8<-- [start:launcher]

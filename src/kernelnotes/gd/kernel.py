@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
+from kernelnotes._validate import check_kernel_device, check_real, check_tensor, interpreted
 
 
 # --8<-- [start:helpers]
@@ -300,15 +300,14 @@ def _first_param(params, kernel) -> torch.dtype:
     return params[0].dtype
 
 
-_RULES = {">= 0": lambda x: 0.0 <= x, "in [0, 1)": lambda x: 0.0 <= x < 1.0,
-          "in [0, 1]": lambda x: 0.0 <= x <= 1.0}
+_NONNEG = "a finite number >= 0"
 
 
 def _check_hyper(step=None, **rules: tuple) -> None:
     """``step`` an int >= 1 unless None; each other keyword a hyper-parameter's (value, rule), a
-    rule being a key of ``_RULES``: the ranges torch.optim's constructors accept (beta = 1 would
-    divide by zero in the bias correction, beta > 1 take the root of a negative number), and
-    dampening, which torch leaves open, a fraction. Written so that NaN fails every rule."""
+    rule being a key of ``check_real``'s ``REAL_RULES``: the ranges torch.optim's constructors
+    accept, made finite (beta = 1 would divide by zero in the bias correction, beta > 1 take the
+    root of a negative number), and dampening, which torch leaves open, a fraction."""
     import numbers  # here: the post runs this section of the file with its own imports
 
     if step is not None:
@@ -317,10 +316,7 @@ def _check_hyper(step=None, **rules: tuple) -> None:
         if step < 1:
             raise ValueError(f"step counts from 1, got {step}")
     for name, (value, rule) in rules.items():
-        if not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-        if not _RULES[rule](value):
-            raise ValueError(f"{name} must be {rule}, got {value!r}")
+        check_real(name, value, rule)
 
 
 def _config(kind: str, dtype, flags: tuple, config):
@@ -350,12 +346,13 @@ def sgd_step_(params, grads, momentum_buffers=None, *, lr: float, momentum: floa
         momentum_buffers: T float32 tensors of the parameters' shapes (updated in place);
             required when ``momentum != 0``.
         lr, momentum, dampening, weight_decay, nesterov, maximize: as torch.optim.SGD; lr,
-            momentum and weight_decay must be >= 0, dampening in [0, 1] (a fraction of g).
+            momentum and weight_decay must be finite and >= 0, dampening in [0, 1] (a fraction
+            of g).
         first_step: the buffers are new: set them to the gradient instead of averaging.
         config: a ``triton.Config`` with BLOCK, ITERS, num_warps; None tunes on the GPU.
     """
-    _check_hyper(lr=(lr, ">= 0"), momentum=(momentum, ">= 0"), dampening=(dampening, "in [0, 1]"),
-                 weight_decay=(weight_decay, ">= 0"))
+    _check_hyper(lr=(lr, _NONNEG), momentum=(momentum, _NONNEG),
+                 dampening=(dampening, "in [0, 1]"), weight_decay=(weight_decay, _NONNEG))
     plan = sgd_plan(params, grads, momentum_buffers, momentum=momentum,
                     weight_decay=weight_decay, nesterov=nesterov, maximize=maximize, config=config)
     sgd_launch(plan, lr, momentum, dampening, weight_decay, first_step)
@@ -411,12 +408,12 @@ def adam_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, st
         max_exp_avg_sqs: T float32 tensors (running max of v), required when ``amsgrad``.
         step: the step number k >= 1 (an int) of every tensor in this call.
         lr, beta1, beta2, eps, weight_decay, amsgrad, maximize: as torch.optim.Adam; lr, eps
-            and weight_decay must be >= 0, beta1 and beta2 in [0, 1).
+            and weight_decay must be finite and >= 0, beta1 and beta2 in [0, 1).
         decoupled: AdamW's weight decay ``p *= 1 - lr * weight_decay`` instead of the L2 term.
         config: a ``triton.Config`` with BLOCK, ITERS, num_warps; None tunes on the GPU.
     """
-    _check_hyper(step, lr=(lr, ">= 0"), beta1=(beta1, "in [0, 1)"), beta2=(beta2, "in [0, 1)"),
-                 eps=(eps, ">= 0"), weight_decay=(weight_decay, ">= 0"))
+    _check_hyper(step, lr=(lr, _NONNEG), beta1=(beta1, "in [0, 1)"), beta2=(beta2, "in [0, 1)"),
+                 eps=(eps, _NONNEG), weight_decay=(weight_decay, _NONNEG))
     plan = adam_plan(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                      weight_decay=weight_decay, decoupled=decoupled, amsgrad=amsgrad,
                      maximize=maximize, config=config)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernelnotes._grid import cdiv, next_power_of_2
-from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
+from kernelnotes._validate import check_kernel_device, check_real, check_tensor, interpreted
 
 # --8<-- [start:setup]
 MAX_N = 64  # columns (and rows of square inputs); the tile is next_pow2(n) wide
@@ -554,13 +554,7 @@ def lstsq(A: torch.Tensor, B: torch.Tensor, *, rtol: float | None = None,
         raise ValueError(f"B must be [..., {m}, k] with batch {tuple(batch)}, "
                          f"got shape {tuple(B.shape)}")
     k = B.shape[-1]
-    if rtol is None:
-        rtol = max(m, n) * U_FP32
-    elif not isinstance(rtol, (int, float)):
-        raise TypeError(f"rtol must be a float or None, got {type(rtol).__name__}")
-    rtol = float(rtol)
-    if not 0.0 <= rtol < float("inf"):  # NaN fails too
-        raise ValueError(f"rtol must be a finite number >= 0, got {rtol!r}")
+    rtol = max(m, n) * U_FP32 if rtol is None else check_real("rtol", rtol, "a finite number >= 0")
     x, info = out if out is not None else (None, None)
     x = _out("X", x, (*batch, n, k), torch.float32, A.device)
     info = _out("info", info, tuple(batch), torch.int32, A.device)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from kernelnotes._grid import cdiv, next_power_of_2
-from kernelnotes._validate import check_kernel_device, check_tensor, check_tiles
+from kernelnotes._validate import check_kernel_device, check_real, check_tensor, check_tiles
 
 N_HC = 4  # streams; the kernels are written for exactly 4
 N_MIX = 24  # [pre 0..3 | post 4..7 | comb 8..23], comb[j][k] at slot 8 + 4j + k
@@ -408,12 +408,6 @@ _STREAM_SIZES = {"BLOCK_T": (1, None), "BLOCK_H": (1, None)}
 _PROJECT_SIZES = {"BLOCK_T": (16, None), "BLOCK_K": (16, 256)}
 
 
-def _check_eps(**kw) -> None:
-    for name, v in kw.items():
-        if not (isinstance(v, (int, float)) and v > 0 and v < float("inf")):
-            raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-
-
 def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps):
     check_tensor("residual", residual, dtypes=(torch.bfloat16,), ndim=3, nonempty=True,
                  contiguous=True)
@@ -425,9 +419,9 @@ def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps):
                      device=residual.device)
         if t.shape[0] != n:
             raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
-    _check_eps(**eps)
-    if not (isinstance(post_mult, (int, float)) and abs(post_mult) < float("inf")):
-        raise ValueError(f"post_mult must be a finite number, got {post_mult!r}")
+    for name, value in eps.items():
+        check_real(name, value, "a finite number > 0")
+    check_real("post_mult", post_mult, "a finite number")
     if not (isinstance(sinkhorn_iters, int) and sinkhorn_iters >= 1):
         raise ValueError(f"sinkhorn_iters must be an int >= 1, got {sinkhorn_iters!r}")
 
