@@ -64,9 +64,10 @@ def check_real(name: str, value, rule: str) -> float:
     ``REAL_RULES``)."""
     if not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not REAL_RULES[rule](float(value)):
+    x = float(value)
+    if not REAL_RULES[rule](x):
         raise ValueError(f"{name} must be {rule}, got {value!r}")
-    return float(value)
+    return x
 
 
 def check_tiles(name: str, tiles, rules: dict, optional: Iterable = ()) -> None:
