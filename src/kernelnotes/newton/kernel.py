@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from kernelnotes._grid import cdiv
-from kernelnotes._validate import check_kernel_device, check_tensor
+from kernelnotes._validate import check_kernel_device, check_tensor, interpreted
 
 # --8<-- [start:constants]
 MAGIC = 0x5F3759DF  # i -> MAGIC - (i >> 1) halves the exponent of x and negates it: y_0 ~ 1/sqrt(x)
@@ -33,6 +33,7 @@ def _rsqrt_estimate(x, NEWTON_STEPS: tl.constexpr):
     return y
 
 
+INTERPRETED = tl.constexpr(interpreted(_rsqrt_estimate))  # Triton's CPU interpreter runs the kernel
 # --8<-- [end:rsqrt_estimate]
 
 
@@ -63,8 +64,10 @@ def _sqrt_kernel(
     bits = x.to(tl.int32, bitcast=True)
     ok = (bits - 1).to(tl.uint32, bitcast=True) < 0x7F7FFFFF  # 0 < x < inf; NaN, -x fail
     tiny = bits.to(tl.uint32, bitcast=True) < 0x00800000  # +0 or a positive subnormal
-    xs = tl.where(ok, x * tl.where(tiny, 16777216.0, 1.0), 1.0)  # 2^24 x is normal and exact;
-    # 1.0 keeps the arithmetic finite on the lanes the special values take
+    if INTERPRETED:  # NumPy would warn about the inf * 0 and overflows of the special lanes
+        xs = tl.where(ok, x * tl.where(tiny, 16777216.0, 1.0), 1.0)
+    else:  # no select for them: their garbage is dropped by the last one (fewer instructions)
+        xs = tl.where(tiny, x * 16777216.0, x)  # 2^24 x is normal and exact
 
     y = _rsqrt_estimate(xs, NEWTON_STEPS)  # ~1/sqrt(xs), |e| < 4.7e-6
     if RSQRT:
@@ -74,16 +77,17 @@ def _sqrt_kernel(
             # of xs*y (half an ulp of the result) and the final rounding remain: <= 1 ulp
             r = tl.fma(-(xs * y), y, 1.0)
             res = tl.fma(0.5 * y, r, y)
-        res = res * tl.where(tiny, 4096.0, 1.0)  # 1/sqrt(x) = 2^12 / sqrt(2^24 x)
-        # +-0 -> +-inf and inf -> +0 flip the exponent bits; x < 0, -inf, NaN -> NaN
+        res = tl.where(tiny, res * 4096.0, res)  # 1/sqrt(x) = 2^12 / sqrt(2^24 x)
+        # the special lanes with x >= 0 are +-0 and inf: flipping the exponent bits maps +-0 to
+        # +-inf and inf to +0; x < 0, -inf and NaN give NaN
         flipped = (bits ^ 0x7F800000).to(tl.float32, bitcast=True)
-        special = tl.where((x == 0.0) | (x == float("inf")), flipped, float("nan"))
+        special = tl.where(x >= 0.0, flipped, float("nan"))
     else:
         res = xs * y
         if REFINE:
             # one Newton step on s^2 - xs: s += (y/2)(xs - s^2), the residual by one fma
             res = tl.fma(0.5 * y, tl.fma(-res, res, xs), res)
-        res = res * tl.where(tiny, 0.000244140625, 1.0)  # sqrt(x) = 2^-12 sqrt(2^24 x)
+        res = tl.where(tiny, res * 0.000244140625, res)  # sqrt(x) = 2^-12 sqrt(2^24 x)
         special = tl.where(
             x >= 0.0, x, float("nan")
         )  # +-0 -> +-0, inf -> inf; x < 0, NaN -> NaN
