@@ -115,27 +115,28 @@ def run(quick: bool) -> list[dict]:
             flops,
         )
 
-    # The same layer with M grown to 8448 rows: 66 x 64 = 4224 output tiles of 128 x 256, exactly
-    # 32 rounds of the persistent grid on 132 SMs, where M = 8192 makes 31.03 (a 32nd round of 4
-    # tiles). If that last round cost a tile's time, ours would run ~3% faster per FLOP here.
+    # Rounds probe: the same layer at M = 8192 (4096 output tiles of 128 x 256: 31.03 rounds of
+    # the persistent grid on 132 SMs, a 32nd of 4 tiles) and M = 8448 (4224 tiles: exactly 32).
+    # If the 32nd round cost a tile's time, ours would run ~3% faster per FLOP at 8448. Timed in
+    # interleaved rounds, so that clock drift falls on all four alike.
     if not quick:
-        M2 = 8448
-        x2 = torch.randn(M2, K, device=dev, dtype=dt)
-        shape2 = dict(M=M2, K=K, N=N)
-        _time(
-            rows,
-            dict(op="forward, 32 whole rounds", impl="torch F.linear (cuBLAS, bias fused)",
-                 **shape2),
-            lambda: F.linear(x2, W, b),
-            2 * M2 * N * K,
-        )
-        _time(
-            rows,
-            dict(op="forward, 32 whole rounds", impl="triton linear_act gelu", **shape2),
-            lambda: k.linear_act_forward(x2, W, b, "gelu")[0],
-            2 * M2 * N * K,
-        )
-        del x2
+        from benchmarks._harness import bench_interleaved
+
+        xs_by_m = {m: x if m == M else torch.randn(m, K, device=dev, dtype=dt) for m in (M, 8448)}
+        probe = {}
+        for m, xm in xs_by_m.items():
+            probe["torch F.linear (cuBLAS, bias fused)", m] = lambda xm=xm: F.linear(xm, W, b)
+            probe["triton linear_act gelu", m] = (
+                lambda xm=xm: k.linear_act_forward(xm, W, b, "gelu")[0])
+        for fn in probe.values():
+            fn()
+        for (impl, m), (p50, p20, p80) in bench_interleaved(probe, rounds=5).items():
+            row = dict(op="rounds probe", impl=impl, M=m, K=K, N=N, ms=round(p50, 4),
+                       ms_p20=round(p20, 4), ms_p80=round(p80, 4),
+                       tflops=round(2 * m * N * K / (p50 * 1e-3) / 1e12, 1))
+            rows.append(row)
+            print({kk: v for kk, v in row.items() if kk not in ("K", "N")}, flush=True)
+        del xs_by_m, probe
 
     # gated (SwiGLU), same FLOPs: W_gate_up [N, K] -> h [M, N/2]
     H = N // 2
