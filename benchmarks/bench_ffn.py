@@ -115,10 +115,11 @@ def run(quick: bool) -> list[dict]:
             flops,
         )
 
-    # Rounds probe: the same layer at M = 8192 (4096 output tiles of 128 x 256: 31.03 rounds of
-    # the persistent grid on 132 SMs, a 32nd of 4 tiles) and M = 8448 (4224 tiles: exactly 32).
-    # If the 32nd round cost a tile's time, ours would run ~3% faster per FLOP at 8448. Timed in
-    # interleaved rounds, so that clock drift falls on all four alike.
+    # Probes, timed in interleaved rounds so that clock drift falls on all alike. Rounds: the
+    # same layer at M = 8192 (4096 output tiles of 128 x 256: 31.03 rounds of the persistent grid
+    # on 132 SMs, a 32nd of 4 tiles) and M = 8448 (4224 tiles: exactly 32); if the 32nd round
+    # cost a tile's time, ours would run ~3% faster per FLOP at 8448. Epilogue: our kernel with
+    # no activation (bias only) at M = 8192, so the GELU's share of the time is measured.
     if not quick:
         from benchmarks._harness import bench_interleaved
 
@@ -128,10 +129,11 @@ def run(quick: bool) -> list[dict]:
             probe["torch F.linear (cuBLAS, bias fused)", m] = lambda xm=xm: F.linear(xm, W, b)
             probe["triton linear_act gelu", m] = (
                 lambda xm=xm: k.linear_act_forward(xm, W, b, "gelu")[0])
+        probe["triton linear_act none", M] = lambda: k.linear_act_forward(x, W, b, "none")[0]
         for fn in probe.values():
             fn()
         for (impl, m), (p50, p20, p80) in bench_interleaved(probe, rounds=5).items():
-            row = dict(op="rounds probe", impl=impl, M=m, K=K, N=N, ms=round(p50, 4),
+            row = dict(op="probes (interleaved)", impl=impl, M=m, K=K, N=N, ms=round(p50, 4),
                        ms_p20=round(p20, 4), ms_p80=round(p80, 4),
                        tflops=round(2 * m * N * K / (p50 * 1e-3) / 1e12, 1))
             rows.append(row)
