@@ -24,19 +24,19 @@ def _rel_err(got, ref) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
+def _timing(p50: float, p20: float, p80: float, flops: float) -> dict:
+    """A row's timing fields: the quantiles in ms and the p50 rate in TFLOP/s."""
+    return dict(ms=round(p50, 4), ms_p20=round(p20, 4), ms_p80=round(p80, 4),
+                tflops=round(flops / (p50 * 1e-3) / 1e12, 1))
+
+
 def _time(rows: list[dict], row: dict, fn, flops: float) -> None:
     """Time fn (p50/p20/p80 ms) into row; a failure is recorded, not raised, so peers still run."""
     from benchmarks._harness import bench_ms
 
     try:
         fn()  # compile / autotune outside the timed region
-        p50, p20, p80 = bench_ms(fn)
-        row.update(
-            ms=round(p50, 4),
-            ms_p20=round(p20, 4),
-            ms_p80=round(p80, 4),
-            tflops=round(flops / (p50 * 1e-3) / 1e12, 1),
-        )
+        row.update(_timing(*bench_ms(fn), flops))
     except Exception as e:  # noqa: BLE001 - one GPU shot: keep the other rows
         row.update(error=f"{type(e).__name__}: {e}"[:400])
     rows.append(row)
@@ -133,9 +133,8 @@ def run(quick: bool) -> list[dict]:
         for fn in probe.values():
             fn()
         for (impl, m), (p50, p20, p80) in bench_interleaved(probe, rounds=5).items():
-            row = dict(op="probes (interleaved)", impl=impl, M=m, K=K, N=N, ms=round(p50, 4),
-                       ms_p20=round(p20, 4), ms_p80=round(p80, 4),
-                       tflops=round(2 * m * N * K / (p50 * 1e-3) / 1e12, 1))
+            row = dict(op="probes (interleaved)", impl=impl, M=m, K=K, N=N,
+                       **_timing(p50, p20, p80, 2 * m * N * K))
             rows.append(row)
             print({kk: v for kk, v in row.items() if kk not in ("K", "N")}, flush=True)
         del xs_by_m, probe
