@@ -69,7 +69,7 @@ def table_worked_example() -> str:
 def table_tile_budget() -> str:
     """The forward tiles the kernel uses (``_fwd_configs``): shared memory for bf16 Q_i and
     ``stages`` copies of K_j, V_j against the H200's 228 KiB, and the fp32 S_ij and Õ_i as
-    registers a thread against the limit of 255."""
+    registers a thread against the limit: 255, or the tile's cap (``maxnreg``)."""
     from kernelnotes.attention import kernel
 
     rows = []
@@ -78,12 +78,13 @@ def table_tile_budget() -> str:
             Br, Bc, s, w = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps
             smem = (Br + 2 * s * Bc) * d * 2  # Q_i once, K_j and V_j once per stage, bf16
             regs = (Br * Bc + Br * d) // (32 * w)  # fp32 S_ij and Õ_i over 32 w threads
+            cap = c.maxnreg or 255  # maxnreg: the compiler may use no more a thread
             rows.append([Br, Bc, d, s, w, f"{smem / 1024:.0f}", f"{smem / H200_SMEM:.2f}", regs,
-                         "yes" if smem <= H200_SMEM and regs <= 255 else "no"])
+                         cap, "yes" if smem <= H200_SMEM and regs <= cap else "no"])
     return _results.markdown_table(
         ["$B_r$", "$B_c$", "$d$", "stages", "warps",
          "shared KiB (bf16 $Q_i$ + stages x $K_j$, $V_j$)", "fraction of 228 KiB",
-         "fp32 $S$, $\\tilde O$ registers a thread", "fits"], rows)
+         "fp32 $S$, $\\tilde O$ registers a thread", "register limit", "fits"], rows)
 
 
 def table_hbm_traffic() -> str:

@@ -516,18 +516,21 @@ def _fwd_configs(block_d: int) -> list:
     """Hopper forward tiles: B_r = 128 rows per program and 8 warps (64 and 4 as a third choice),
     a 2-3 stage K/V pipeline.
     Shared memory per program ~ (B_r + 2 stages * 2 B_c) * BLOCK_D * 2 bytes <= 228 KB."""
-    if block_d <= 64:  # one tile. On the H200 at D = 64, 128-key tiles were 17% slower (219
-        # registers a thread: one program per SM instead of two) and a 4th stage 0-6% slower.
-        # A later sweep at N = 4096 and 16384 (causal and not) kept it ahead of 28 other
-        # tiles and kernels: 128 rows / 4 warps 3-6% slower, 64 rows / 4 warps 5-9%, 256 rows /
-        # 16 warps 9-15%, 32-key tiles 11-20%, the TMA-pipelined kernel 0-9% at its best tile
-        shapes = [(128, 64, 8, 3)]
+    if block_d <= 64:  # 64-key tiles, and 128-key tiles capped at 128 registers a thread:
+        # uncapped they take 205 and leave one program per SM (H200: 13-18% slower); capped, two
+        # programs fit without a spill, and in two H200 runs they were 2-7% faster than 64-key
+        # tiles, except on short causal rows (N = 4096), where the two tied. Sweeps at N = 4096
+        # and 16384 (causal and not) kept these two ahead of 28 other tiles and kernels: 128
+        # rows / 4 warps 3-6% slower, 64 rows 5-9%, 256 rows / 16 warps 9-15%, 32-key tiles
+        # 11-20%, the TMA-pipelined kernel 0-9%; and, later, Triton 3.6's warp specialisation
+        # 3-16% and one masked loop for every causal tile 13-32%
+        shapes = [(128, 64, 8, 3, None), (128, 128, 8, 3, 128)]
     elif block_d <= 128:  # the 64-row tile wins on short causal rows (more programs)
-        shapes = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)]
+        shapes = [(128, 128, 8, 3, None), (128, 64, 8, 3, None), (64, 64, 4, 3, None)]
     else:
-        shapes = [(128, 64, 8, 2), (64, 64, 4, 2)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-            for m, n, w, s in shapes]
+        shapes = [(128, 64, 8, 2, None), (64, 64, 4, 2, None)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, maxnreg=r)
+            for m, n, w, s, r in shapes]
 
 
 def _dkdv_configs(block_d: int) -> list:
@@ -568,7 +571,7 @@ _tuned: dict = {}
 
 
 def _autotuned(kernel, name: str, block_d: int, configs, reset_to_zero=None):
-    key = (name, block_d)
+    key = (name, block_d, tuple(str(c) for c in configs))
     if key not in _tuned:  # atomics accumulate across the tuning runs: zero DQ before each
         _tuned[key] = triton.autotune(configs=configs, key=_TUNE_KEY,
                                       reset_to_zero=reset_to_zero)(kernel)
@@ -697,6 +700,8 @@ def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
         _fwd_tma(q, k, v, o, lse, causal, sm_scale, config or TMA_FWD_CONFIG, meta)
         return o, lse
     configs = _fwd_configs(block_d) if config is None else [config]
+    whole = [c for c in configs if Nk % c.kwargs["BLOCK_N"] == 0]
+    configs = whole or configs  # tiles that divide Nk skip the key bound (EVEN_N): prefer them
     even_n = all(Nk % c.kwargs["BLOCK_N"] == 0 for c in configs)  # for every candidate tile
     if config is None:
         kernel = _autotuned(_flash_attn_fwd_kernel, "fwd", block_d, configs)
@@ -704,8 +709,10 @@ def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
         kernel[grid](*args, **meta, EVEN_N=even_n)
     else:
         grid = (cdiv(Nq, config.kwargs["BLOCK_M"]), B * Hq)
+        cap = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
         _flash_attn_fwd_kernel[grid](*args, **meta, **config.kwargs, EVEN_N=even_n,
-                                     num_warps=config.num_warps, num_stages=config.num_stages)
+                                     num_warps=config.num_warps, num_stages=config.num_stages,
+                                     **cap)
     return o, lse
 
 
