@@ -673,8 +673,8 @@ def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
         causal: mask keys in the future, bottom-right aligned: query i sees key j iff
             j <= i + Nk - Nq (rows with i < Nq - Nk see nothing and give zeros).
         sm_scale: σ in softmax(σ q kᵀ); default 1/sqrt(D).
-        config: a ``triton.Config`` with BLOCK_M, BLOCK_N (tests), powers of two >= 16; None
-            autotunes on a GPU.
+        config: a ``triton.Config`` with BLOCK_M, BLOCK_N (tests), powers of two >= 16, and its
+            num_warps, num_stages and maxnreg (a register cap, or None); None autotunes on a GPU.
 
     Returns:
         o: [B, Hq, Nq, D] same dtype as q (contiguous); lse: [B, Hq, Nq] float32, the natural
