@@ -79,12 +79,12 @@ def table_tile_budget() -> str:
             smem = (Br + 2 * s * Bc) * d * 2  # Q_i once, K_j and V_j once per stage, bf16
             regs = (Br * Bc + Br * d) // (32 * w)  # fp32 S_ij and Õ_i over 32 w threads
             cap = c.maxnreg or 255  # maxnreg: the compiler may use no more a thread
-            rows.append([Br, Bc, d, s, w, f"{smem / 1024:.0f}", f"{smem / H200_SMEM:.2f}", regs,
-                         cap, "yes" if smem <= H200_SMEM and regs <= cap else "no"])
+            rows.append([f"{Br} × {Bc}", d, f"{s}, {w}", f"{smem / 1024:.0f}",
+                         f"{smem / H200_SMEM:.2f}", f"{regs} ({cap})",
+                         "yes" if smem <= H200_SMEM and regs <= cap else "no"])
     return _results.markdown_table(
-        ["$B_r$", "$B_c$", "$d$", "stages", "warps",
-         "shared KiB (bf16 $Q_i$ + stages x $K_j$, $V_j$)", "fraction of 228 KiB",
-         "fp32 $S$, $\\tilde O$ registers a thread", "register limit", "fits"], rows)
+        ["$B_r \\times B_c$", "$d$", "stages, warps", "shared KiB", "of 228 KiB",
+         "fp32 $S$, $\\tilde O$ registers (limit)", "fits"], rows)
 
 
 def table_hbm_traffic() -> str:
