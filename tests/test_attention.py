@@ -194,7 +194,7 @@ def test_performance_table_marks_every_shortfall():
     # 1.395x flash misses 1.4 (N = 1024 carries no target); 0.93x cuDNN meets 0.85
     assert shortfalls({"rows": rows}) == [("fwd", 64, 4096, True, "sdpa_flash", 1.395, 1.4)]
     assert _ratio_cell(1.395, 1.4) == "1.395x (< 1.4)"  # "1.40x (< 1.4)" would read as a pass
-    assert _ratio_cell(1.3, 1.4) == "1.30x (< 1.4)" and _ratio_cell(1.41, 1.4) == "1.41x ✓"
+    assert _ratio_cell(1.3, 1.4) == "1.30x (< 1.4)" and _ratio_cell(1.41, 1.4) == "1.41x\u00a0✓"
     assert _ratio_cell(0.7, None) == "0.70x"
 
 

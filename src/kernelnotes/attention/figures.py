@@ -270,7 +270,7 @@ def _ratio_cell(r: float, target: float | None) -> str:
     if target is None:
         return f"{r:.2f}x"
     if r >= target:
-        return f"{r:.2f}x ✓"
+        return f"{r:.2f}x\u00a0✓"  # a no-break space: the mark stays beside its ratio
     return f"{r:.3f}x (< {target})" if round(r, 2) >= target else f"{r:.2f}x (< {target})"
 
 
