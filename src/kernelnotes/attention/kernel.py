@@ -518,12 +518,13 @@ def _fwd_configs(block_d: int) -> list:
     Shared memory per program ~ (B_r + 2 stages * 2 B_c) * BLOCK_D * 2 bytes <= 228 KB."""
     if block_d <= 64:  # 64-key tiles, and 128-key tiles capped at 128 registers a thread:
         # uncapped they take 205 and leave one program per SM (H200: 13-18% slower); capped, two
-        # programs fit without a spill, and in two H200 runs they were 2-7% faster than 64-key
-        # tiles, except on short causal rows (N = 4096), where the two tied. Sweeps at N = 4096
-        # and 16384 (causal and not) kept these two ahead of 28 other tiles and kernels: 128
-        # rows / 4 warps 3-6% slower, 64 rows 5-9%, 256 rows / 16 warps 9-15%, 32-key tiles
-        # 11-20%, the TMA-pipelined kernel 0-9%; and, later, Triton 3.6's warp specialisation
-        # 3-16% and one masked loop for every causal tile 13-32%
+        # programs fit without a spill, and in two H200 runs they were 2-8% faster than 64-key
+        # tiles at N = 16384, 0-4% at N = 4096 without a mask, and tied (within 2%) on the
+        # short causal rows at N = 4096. Sweeps at N = 4096 and 16384 (causal and not) kept
+        # these two ahead of 28 other tiles and kernels: 128 rows / 4 warps 3-6% slower, 64 rows
+        # 5-9%, 256 rows / 16 warps 9-15%, 32-key tiles 11-20%, the TMA-pipelined kernel 0-9%;
+        # and, later, Triton 3.6's warp specialisation 3-16% and one masked loop for every
+        # causal tile 13-32%
         shapes = [(128, 64, 8, 3, None), (128, 128, 8, 3, 128)]
     elif block_d <= 128:  # the 64-row tile wins on short causal rows (more programs)
         shapes = [(128, 128, 8, 3, None), (128, 64, 8, 3, None), (64, 64, 4, 3, None)]
