@@ -30,7 +30,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp2:Run
 
 # Fixed configs (autotuning every shape would take minutes; test_autotuned_gpu covers tuning).
 def _configs(D):
-    """The interpreter's small tiles, or on the GPU the last (smallest) tuning candidates."""
+    """The interpreter's small tiles, or on the GPU the last tuning candidates (for D <= 64 the
+    128-key tile with its register cap, so the explicit-config launch passes maxnreg too)."""
     if not ON_GPU:
         return kernel.CPU_FWD_CONFIG, kernel.CPU_BWD_CONFIG
     bd = kernel._block_d(D)

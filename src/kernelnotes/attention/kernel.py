@@ -703,7 +703,7 @@ def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
     configs = _fwd_configs(block_d) if config is None else [config]
     whole = [c for c in configs if Nk % c.kwargs["BLOCK_N"] == 0]
     configs = whole or configs  # tiles that divide Nk skip the key bound (EVEN_N): prefer them
-    even_n = all(Nk % c.kwargs["BLOCK_N"] == 0 for c in configs)  # for every candidate tile
+    even_n = bool(whole)  # then every candidate divides Nk
     if config is None:
         kernel = _autotuned(_flash_attn_fwd_kernel, "fwd", block_d, configs)
         grid = lambda META: (cdiv(Nq, META["BLOCK_M"]), B * Hq)  # noqa: E731
