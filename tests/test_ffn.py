@@ -238,18 +238,21 @@ def test_gelu_erfc_constants_are_the_fit():
 
 
 def test_the_gpu_configs_on_even_and_uneven_shapes():
-    """Each config the GPU autotunes over, the fp32 and FLATTEN ones, with and without masks."""
+    """Each config the GPU autotunes over, the fp32 and FLATTEN ones and TMA_CONFIG (what
+    config=None takes on Hopper), with and without masks."""
     k = kernel()
     first = k.MATMUL_CONFIGS[0]
     flat = triton.Config(
         {**first.kwargs, "FLATTEN": True}, num_warps=first.num_warps, num_stages=first.num_stages
     )
-    cases = [(cfg, torch.bfloat16) for cfg in (*k.MATMUL_CONFIGS, flat)] + [
+    cases = [(cfg, torch.bfloat16) for cfg in (*k.MATMUL_CONFIGS, flat, k.TMA_CONFIG)] + [
         (k.FP32_CONFIG, torch.float32)
     ]
     for cfg, dtype in cases:
         bm, bn, bk = (cfg.kwargs[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-        for m, n, kk in ((bm, 2 * bn, bk), (bm + 5, bn + 3, bk + 7)):
+        # K = bk + 8 keeps rows 16-byte aligned (TMA_CONFIG's descriptors), bk + 7 does not
+        shapes = ((bm, 2 * bn, bk), (bm + 5, bn + 3, bk + 7), (3 * bm + 1, 2 * bn + 9, bk + 8))
+        for m, n, kk in shapes:
             x, W, b = (
                 rand(m, kk, dtype=dtype, seed=1),
                 rand(n, kk, dtype=dtype, scale=0.1, seed=2),
@@ -270,16 +273,21 @@ def test_the_gpu_configs_on_even_and_uneven_shapes():
     )
 
 
-@pytest.mark.parametrize("flatten", [False, True])
-def test_tma_kernel_forward_and_backward(flatten):
-    """The opt-in TMA kernel (config kwarg TMA=True) on every operand layout of the FFN."""
+@pytest.mark.parametrize("variant", ["plain", "flatten", "default"])
+def test_tma_kernel_forward_and_backward(variant):
+    """The TMA kernel (config kwarg TMA=True) on every operand layout of the FFN: on the first
+    config without and with FLATTEN, and TMA_CONFIG, what config=None takes on Hopper (under the
+    interpreter its flags on the interpreter's tile)."""
     k = kernel()
     base = k.MATMUL_CONFIGS[0] if ON_GPU else k.INTERPRETER_CONFIG
-    cfg = triton.Config(
-        {**base.kwargs, "TMA": True, "FLATTEN": flatten},
-        num_warps=base.num_warps,
-        num_stages=base.num_stages,
-    )
+    flags = {"TMA": True, "FLATTEN": variant != "plain"}
+    if variant == "default":
+        tile = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+        flags = {n: v for n, v in k.TMA_CONFIG.kwargs.items() if ON_GPU or n not in tile}
+        if ON_GPU:
+            base = k.TMA_CONFIG
+    cfg = triton.Config({**base.kwargs, **flags}, num_warps=base.num_warps,
+                        num_stages=base.num_stages)
     m, d, h, o = (
         size(37, 1000),
         size(48, 776),
