@@ -30,29 +30,27 @@ def _timing(p50: float, p20: float, p80: float, flops: float) -> dict:
                 tflops=round(flops / (p50 * 1e-3) / 1e12, 1))
 
 
-def _time(rows: list[dict], row: dict, fn, flops: float) -> None:
-    """Time fn (p50/p20/p80 ms) into row; a failure is recorded, not raised, so peers still run."""
-    from benchmarks._harness import bench_ms
+def _interleaved(rows: list[dict], entries: list, flops: float, rounds: int) -> None:
+    """Time entries [(row, fn, check or None)] in interleaved rounds (A B C ..., A B C ...,
+    medians; benchmarks._harness.bench_interleaved), after checking each check(fn()) into its row.
+    Peers of one target share the rounds: cuBLAS's rate moved by 3% between H200 runs, and timed
+    one after another a drift would fall on one row only. A failure is recorded, not raised."""
+    from benchmarks._harness import bench_interleaved
 
-    try:
-        fn()  # compile / autotune outside the timed region
-        row.update(_timing(*bench_ms(fn), flops))
-    except Exception as e:  # noqa: BLE001 - one GPU shot: keep the other rows
-        row.update(error=f"{type(e).__name__}: {e}"[:400])
-    rows.append(row)
-    print({k: v for k, v in row.items() if k not in ("M", "K", "N")}, flush=True)
-
-
-def _ours(rows: list[dict], row: dict, fn, check, flops: float) -> None:
-    """Run fn once, record its error against the peer (check(result) -> dict), then time it."""
-    try:
-        row.update(check(fn()))
-    except Exception as e:  # noqa: BLE001 - one GPU shot: keep the other rows
-        row["error"] = f"{type(e).__name__}: {e}"[:400]
+    timed = {}
+    for i, (row, fn, check) in enumerate(entries):
+        try:
+            out = fn()  # compile / autotune outside the timed rounds
+            if check is not None:
+                row.update(check(out))
+            timed[i] = fn
+        except Exception as e:  # noqa: BLE001 - one GPU shot: keep the other rows
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+    for i, quantiles in bench_interleaved(timed, rounds=rounds).items():
+        entries[i][0].update(_timing(*quantiles, flops))
+    for row, _, _ in entries:
         rows.append(row)
-        print(row, flush=True)
-        return
-    _time(rows, row, fn, flops)
+        print({kk: v for kk, v in row.items() if kk not in ("M", "K", "N")}, flush=True)
 
 
 def run(quick: bool) -> list[dict]:
@@ -92,39 +90,21 @@ def run(quick: bool) -> list[dict]:
     def vs_eager(y):
         return {"relerr_vs_torch": float(f"{_rel_err(y, y_ref):.2e}")}
 
-    # The forward rows in interleaved rounds (A B C ..., A B C ..., medians): cuBLAS's rate moved
-    # by 3% between H200 runs, and timed one after another a drift would fall on one row only.
-    fwd = {
-        "torch F.linear (cuBLAS, bias fused)": (lambda: F.linear(x, W, b), None),
-        "torch eager F.gelu(F.linear)": (lambda: F.gelu(F.linear(x, W, b)), None),
-        "triton linear_act gelu": (
-            lambda: k.linear_act_forward(x, W, b, "gelu", config=cfg)[0], None),
-    }
+    rounds = 3 if quick else 5
+    default = cfg if quick else k._default_config(x, W.t(), torch.empty(M, N, device=dev, dtype=dt))
+    fwd = [
+        (dict(op="forward", impl="torch F.linear (cuBLAS, bias fused)", **shape),
+         lambda: F.linear(x, W, b), None),
+        (dict(op="forward", impl="torch eager F.gelu(F.linear)", **shape),
+         lambda: F.gelu(F.linear(x, W, b)), None),
+        (dict(op="forward", impl="triton linear_act gelu", config=str(default), **shape),
+         lambda: k.linear_act_forward(x, W, b, "gelu", config=cfg)[0], vs_eager),
+    ]
     for flat, c in tma.items():
         name = "triton linear_act gelu [TMA" + (", FLATTEN]" if flat else "]")
-        fwd[name] = (lambda c=c: k.linear_act_forward(x, W, b, "gelu", config=c)[0], c)
-    fwd_rows = {}
-    for impl, (fn, c) in fwd.items():
-        row = fwd_rows[impl] = dict(op="forward", impl=impl, **shape)
-        if c is not None:
-            row["config"] = str(c)
-        if impl.startswith("triton"):
-            try:
-                row.update(vs_eager(fn()))
-            except Exception as e:  # noqa: BLE001 - one GPU shot: keep the other rows
-                row["error"] = f"{type(e).__name__}: {e}"[:400]
-    fwd_rows["triton linear_act gelu"]["config"] = str(
-        cfg if quick else k._default_config(x, W.t(), torch.empty(M, N, device=dev, dtype=dt)))
-    timed = {impl: fn for impl, (fn, _) in fwd.items() if "error" not in fwd_rows[impl]}
-    for fn in timed.values():
-        fn()  # compile / autotune outside the timed rounds
-    from benchmarks._harness import bench_interleaved
-
-    for impl, quantiles in bench_interleaved(timed, rounds=3 if quick else 5).items():
-        fwd_rows[impl].update(_timing(*quantiles, flops))
-    for row in fwd_rows.values():
-        rows.append(row)
-        print({kk: v for kk, v in row.items() if kk not in ("M", "K", "N")}, flush=True)
+        fwd.append((dict(op="forward", impl=name, config=str(c), **shape),
+                    lambda c=c: k.linear_act_forward(x, W, b, "gelu", config=c)[0], vs_eager))
+    _interleaved(rows, fwd, flops, rounds)
 
     # Probes, timed in interleaved rounds so that clock drift falls on all alike. Rounds: the
     # same layer at M = 8192 (4096 output tiles of 128 x 256: 31.03 rounds of the persistent grid
@@ -132,6 +112,8 @@ def run(quick: bool) -> list[dict]:
     # cost a tile's time, ours would run ~3% faster per FLOP at 8448. Epilogue: our kernel with
     # no activation (bias only) at M = 8192, so the GELU's share of the time is measured.
     if not quick:
+        from benchmarks._harness import bench_interleaved
+
         xs_by_m = {m: x if m == M else torch.randn(m, K, device=dev, dtype=dt) for m in (M, 8448)}
         probe = {}
         for m, xm in xs_by_m.items():
@@ -156,19 +138,13 @@ def run(quick: bool) -> list[dict]:
         return F.silu(z[:, :H]) * z[:, H:]
 
     h_ref = eager_swiglu()
-    _time(
-        rows,
-        dict(op="swiglu forward", impl="torch eager silu(x Wg^T) * (x Wu^T)", **shape),
-        eager_swiglu,
-        flops,
-    )
-    _ours(
-        rows,
-        dict(op="swiglu forward", impl="triton linear_swiglu", **shape),
-        lambda: k.linear_swiglu_forward(x, W)[0],
-        lambda h: {"relerr_vs_torch": float(f"{_rel_err(h, h_ref):.2e}")},
-        flops,
-    )
+    _interleaved(rows, [
+        (dict(op="swiglu forward", impl="torch eager silu(x Wg^T) * (x Wu^T)", **shape),
+         eager_swiglu, None),
+        (dict(op="swiglu forward", impl="triton linear_swiglu", **shape),
+         lambda: k.linear_swiglu_forward(x, W)[0],
+         lambda h: {"relerr_vs_torch": float(f"{_rel_err(h, h_ref):.2e}")}),
+    ], flops, rounds)
 
     # ---- two-layer FFN block, forward + backward ----------------------------------------------
     d, h = K, N
@@ -194,29 +170,17 @@ def run(quick: bool) -> list[dict]:
         return {"relerr_grads_vs_eager": errs}
 
     ffn_shape = dict(M=M, K=d, N=h)
-    _time(
-        rows,
-        dict(op="ffn fwd+bwd", impl="torch eager autograd", **ffn_shape),
-        step(eager),
-        ffn_flops,
-    )
+    block = [(dict(op="ffn fwd+bwd", impl="torch eager autograd", **ffn_shape), step(eager), None)]
     if quick:
         rows.append(dict(op="ffn fwd+bwd", impl="torch.compile", skipped="quick run", **ffn_shape))
     else:
-        _time(
-            rows,
-            dict(op="ffn fwd+bwd", impl="torch.compile", **ffn_shape),
-            step(torch.compile(eager)),
-            ffn_flops,
-        )
-    # config=None takes the TMA kernel at this size on Hopper: the former "[TMA]" row
-    _ours(
-        rows,
-        dict(op="ffn fwd+bwd", impl="triton FFNFunction (gelu)", config=str(cfg), **ffn_shape),
-        step(lambda *p: k.ffn(*p, "gelu", config=cfg)),
-        vs_autograd,
-        ffn_flops,
-    )
+        block.append((dict(op="ffn fwd+bwd", impl="torch.compile", **ffn_shape),
+                      step(torch.compile(eager)), None))
+    # config=None takes TMA_CONFIG at this size on Hopper (the row records `default`)
+    block.append((dict(op="ffn fwd+bwd", impl="triton FFNFunction (gelu)", config=str(default),
+                       **ffn_shape),
+                  step(lambda *p: k.ffn(*p, "gelu", config=cfg)), vs_autograd))
+    _interleaved(rows, block, ffn_flops, rounds)
     return rows
 
 
