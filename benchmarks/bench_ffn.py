@@ -30,11 +30,12 @@ def _timing(p50: float, p20: float, p80: float, flops: float) -> dict:
                 tflops=round(flops / (p50 * 1e-3) / 1e12, 1))
 
 
-def _interleaved(rows: list[dict], entries: list, flops: float, rounds: int) -> None:
+def _interleaved(rows: list[dict], entries: list, flops, rounds: int) -> None:
     """Time entries [(row, fn, check or None)] in interleaved rounds (A B C ..., A B C ...,
     medians; benchmarks._harness.bench_interleaved), after checking each check(fn()) into its row.
     Peers of one target share the rounds: cuBLAS's rate moved by 3% between H200 runs, and timed
-    one after another a drift would fall on one row only. A failure is recorded, not raised."""
+    one after another a drift would fall on one row only. flops: a row's FLOPs, or a function of
+    the row that gives them. A failure is recorded, not raised."""
     from benchmarks._harness import bench_interleaved
 
     timed = {}
@@ -47,10 +48,11 @@ def _interleaved(rows: list[dict], entries: list, flops: float, rounds: int) -> 
         except Exception as e:  # noqa: BLE001 - one GPU shot: keep the other rows
             row["error"] = f"{type(e).__name__}: {e}"[:400]
     for i, quantiles in bench_interleaved(timed, rounds=rounds).items():
-        entries[i][0].update(_timing(*quantiles, flops))
+        row = entries[i][0]
+        row.update(_timing(*quantiles, flops(row) if callable(flops) else flops))
     for row, _, _ in entries:
         rows.append(row)
-        print({kk: v for kk, v in row.items() if kk not in ("M", "K", "N")}, flush=True)
+        print({kk: v for kk, v in row.items() if kk not in ("K", "N")}, flush=True)
 
 
 def run(quick: bool) -> list[dict]:
@@ -113,22 +115,20 @@ def run(quick: bool) -> list[dict]:
     # cost a tile's time, ours would run ~3% faster per FLOP at 8448. Epilogue: our kernel with
     # no activation (bias only) at M = 8192, so the GELU's share of the time is measured.
     if not quick:
-        from benchmarks._harness import bench_interleaved
-
         xs_by_m = {m: x if m == M else torch.randn(m, K, device=dev, dtype=dt) for m in (M, 8448)}
-        probe = {}
+
+        def at(impl, m):
+            return dict(op="probes (interleaved)", impl=impl, M=m, K=K, N=N)
+
+        probe = []
         for m, xm in xs_by_m.items():
-            probe["torch F.linear (cuBLAS, bias fused)", m] = lambda xm=xm: F.linear(xm, W, b)
-            probe["triton linear_act gelu", m] = (
-                lambda xm=xm: k.linear_act_forward(xm, W, b, "gelu")[0])
-        probe["triton linear_act none", M] = lambda: k.linear_act_forward(x, W, b, "none")[0]
-        for fn in probe.values():
-            fn()
-        for (impl, m), (p50, p20, p80) in bench_interleaved(probe, rounds=5).items():
-            row = dict(op="probes (interleaved)", impl=impl, M=m, K=K, N=N,
-                       **_timing(p50, p20, p80, 2 * m * N * K))
-            rows.append(row)
-            print({kk: v for kk, v in row.items() if kk not in ("K", "N")}, flush=True)
+            probe.append((at("torch F.linear (cuBLAS, bias fused)", m),
+                          lambda xm=xm: F.linear(xm, W, b), None))
+            probe.append((at("triton linear_act gelu", m),
+                          lambda xm=xm: k.linear_act_forward(xm, W, b, "gelu")[0], None))
+        probe.append((at("triton linear_act none", M),
+                      lambda: k.linear_act_forward(x, W, b, "none")[0], None))
+        _interleaved(rows, probe, lambda r: 2 * r["M"] * N * K, rounds=5)
         del xs_by_m, probe
 
     # gated (SwiGLU), same FLOPs: W_gate_up [N, K] -> h [M, N/2]
