@@ -42,6 +42,92 @@ def bench_interleaved(fns: dict, *, rounds: int = 3, warmup_ms: int = 25,
             for key, runs in samples.items()}
 
 
+# NVML's clock event reasons (nvidia-smi clocks_event_reasons.active): why the SM clock is below
+# its maximum; several can hold at once.
+CLOCK_REASONS = {0x1: "GPU idle", 0x2: "applications clocks setting", 0x4: "software power cap",
+                 0x8: "hardware slowdown", 0x10: "sync boost", 0x20: "software thermal slowdown",
+                 0x40: "hardware thermal slowdown", 0x80: "hardware power brake",
+                 0x100: "display clock setting"}
+_SMI_FIELDS = "timestamp,power.draw,power.limit,clocks.sm,clocks.max.sm,clocks_event_reasons.active"
+
+
+def sustained(fn, *, seconds: float = 3.0, settle_s: float = 0.5, interval_ms: int = 100) -> dict:
+    """``fn()`` back to back for ``seconds`` while nvidia-smi samples the GPU every
+    ``interval_ms``: {ms, power_w, power_limit_w, sm_mhz, max_sm_mhz, clock_reasons, samples}
+    (medians over the samples after the first ``settle_s``). A GPU at its power cap runs at
+    whatever clock the cap allows, so there a kernel's time is its energy over the cap; this
+    says which regime a timing was taken in. Raises RuntimeError without nvidia-smi."""
+    import datetime
+    import shutil
+    import time
+
+    import torch
+
+    if shutil.which("nvidia-smi") is None:
+        raise RuntimeError("nvidia-smi not found")
+    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    fn()
+    torch.cuda.synchronize()
+    smi = subprocess.Popen(["nvidia-smi", f"--id=GPU-{uuid}", f"--query-gpu={_SMI_FIELDS}",
+                            "--format=csv,noheader,nounits", f"-lms={interval_ms}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3 * interval_ms / 1000)  # nvidia-smi up before the clock starts
+        begin = datetime.datetime.now()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        calls, stop, queued = 0, time.perf_counter() + seconds, None
+        start.record()
+        while calls == 0 or time.perf_counter() < stop:
+            for _ in range(5):
+                fn()
+            calls += 5
+            batch = torch.cuda.Event()
+            batch.record()
+            if queued is not None:  # one batch queued behind the running one: no idle gaps,
+                queued.synchronize()  # and the host's clock stays within a batch of the GPU's
+            queued = batch
+        end.record()
+        torch.cuda.synchronize()
+        finish = datetime.datetime.now()
+    finally:
+        smi.terminate()
+        out, err = smi.communicate(timeout=30)
+    got = smi_summary(out, begin + datetime.timedelta(seconds=settle_s), finish)
+    if not got:
+        raise RuntimeError(f"no nvidia-smi samples while loaded: {err.strip()[:200]}")
+    return {"ms": start.elapsed_time(end) / calls, **got}
+
+
+def smi_summary(text: str, begin, finish) -> dict:
+    """Medians of the nvidia-smi lines (``_SMI_FIELDS``, csv, no header, no units) stamped
+    within [begin, finish], and every clock event reason any of them had; {} if none."""
+    import datetime
+
+    samples = []
+    for line in text.splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        try:
+            stamp = datetime.datetime.strptime(cols[0], "%Y/%m/%d %H:%M:%S.%f")
+            values = [float(c) for c in cols[1:5]] + [int(cols[5], 16)]
+        except (ValueError, IndexError):
+            continue  # "[N/A]" fields, a line cut off by terminate()
+        if begin <= stamp <= finish:
+            samples.append(values)
+    if not samples:
+        return {}
+    mask = 0
+    for s in samples:
+        mask |= s[4]
+
+    def median(i):
+        return round(statistics.median(s[i] for s in samples), 1)
+
+    return {"power_w": median(0), "power_limit_w": median(1), "sm_mhz": median(2),
+            "max_sm_mhz": median(3),
+            "clock_reasons": [name for bit, name in CLOCK_REASONS.items() if mask & bit],
+            "samples": len(samples)}
+
+
 def graph_ms(fn, *, replays: int = 100, rounds: int = 3) -> float:
     """Milliseconds of GPU time per ``fn()`` with the host out of the way: one call captured in a
     CUDA graph, replayed ``replays`` times back to back between two events (median of ``rounds``).

@@ -60,7 +60,9 @@ def run(quick: bool) -> list[dict]:
     import torch.nn.functional as F
     import triton
 
+    from benchmarks import _harness
     from kernelnotes.ffn import kernel as k
+    from kernelnotes.ffn.figures import SUSTAINED
 
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -182,6 +184,31 @@ def run(quick: bool) -> list[dict]:
     _interleaved(rows, block, ffn_flops, rounds)
     if quick:
         rows.append(dict(op="ffn fwd+bwd", impl="torch.compile", skipped="quick run", **ffn_shape))
+        return rows
+
+    # ---- the regime of these timings: each layer back to back for 3 s, power and clock sampled
+    # by nvidia-smi. At the power cap the clock is what the cap allows, and time is energy / cap.
+    power = [
+        (dict(op=SUSTAINED, impl="torch F.linear (cuBLAS, bias fused)", **shape),
+         lambda: F.linear(x, W, b), flops),
+        (dict(op=SUSTAINED, impl="triton linear_act gelu", **shape),
+         lambda: k.linear_act_forward(x, W, b, "gelu")[0], flops),
+        (dict(op=SUSTAINED, impl="triton linear_act none", **shape),
+         lambda: k.linear_act_forward(x, W, b, "none")[0], flops),
+        (dict(op=SUSTAINED, impl="torch eager autograd (ffn fwd+bwd)", **ffn_shape), block[0][1],
+         ffn_flops),
+        (dict(op=SUSTAINED, impl="triton FFNFunction (gelu) (ffn fwd+bwd)", **ffn_shape),
+         block[-1][1], ffn_flops),
+    ]
+    for row, fn, row_flops in power:
+        try:
+            got = _harness.sustained(fn)
+            row.update(got, ms=round(got["ms"], 4),
+                       tflops=round(row_flops / (got["ms"] * 1e-3) / 1e12, 1))
+        except Exception as e:  # noqa: BLE001 - no nvidia-smi, or no samples: say so
+            row["skipped"] = f"{type(e).__name__}: {e}"[:400]
+        rows.append(row)
+        print({kk: v for kk, v in row.items() if kk not in ("K", "N")}, flush=True)
     return rows
 
 
@@ -192,7 +219,9 @@ def summary(rows: list[dict], meta: dict) -> str:
     for r in rows:
         what = f"{r['op']:>15} | {r['impl']:<40}"
         if "ms" in r:
-            lines.append(f"  {what} {r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s")
+            lines.append(f"  {what} {r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s"
+                         + (f" {r['power_w']:.0f} W {r['sm_mhz']:.0f} MHz {r['clock_reasons']}"
+                            if "power_w" in r else ""))
         else:
             lines.append(f"  {what} {r.get('error') or r.get('skipped')}")
     for what, ratio, target in ratios(rows):

@@ -57,3 +57,29 @@ def test_check_real_refuses_tensors():
     with pytest.raises(TypeError, match="lr must be a real number, got Tensor"):
         check_real("lr", torch.tensor(0.1), "a finite number >= 0")
     assert set(REAL_RULES) >= {"a finite number", "in [0, 1]"}
+
+
+def test_smi_summary_keeps_the_loaded_window_and_every_clock_reason():
+    """benchmarks._harness.sustained's reading of nvidia-smi: lines outside the window, "[N/A]"
+    fields and a line cut off mid-write are dropped; medians of the rest; the reasons OR-ed."""
+    import datetime
+
+    from benchmarks._harness import smi_summary
+
+    text = "\n".join([
+        "2026/12/02 03:50:00.100, 80.5, 700.00, 345, 1980, 0x0000000000000001",  # idle, before
+        "2026/12/02 03:50:00.600, 690.1, 700.00, 1515, 1980, 0x0000000000000004",
+        "2026/12/02 03:50:00.700, [N/A], 700.00, 1500, 1980, 0x0000000000000004",
+        "2026/12/02 03:50:00.800, 688.0, 700.00, 1530, 1980, 0x0000000000000024",
+        "2026/12/02 03:50:00.900, 695.3, 700.00, 1485, 1980, 0x0000000000000004",
+        "2026/12/02 03:50:01.000, 91.0, 700.00, 1980, 1980, 0x0000000000000001",  # after
+        "2026/12/02 03:50:01.1",
+    ])
+    at = datetime.datetime(2026, 12, 2, 3, 50)
+    got = smi_summary(text, at + datetime.timedelta(seconds=0.5),
+                      at + datetime.timedelta(seconds=0.95))
+    assert got == {"power_w": 690.1, "power_limit_w": 700.0, "sm_mhz": 1515.0,
+                   "max_sm_mhz": 1980.0, "clock_reasons": ["software power cap",
+                                                           "software thermal slowdown"],
+                   "samples": 3}
+    assert smi_summary(text, at, at) == {}

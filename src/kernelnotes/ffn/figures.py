@@ -13,6 +13,7 @@ from kernelnotes.ffn import reference as ref
 
 SMOOTH = ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 UA_WIDTHS = (2, 4, 8, 16, 32, 64, 128, 256)
+SUSTAINED = "sustained 3 s (power)"  # benchmarks/bench_ffn.py: rows timed at the power cap
 
 
 def ua_target(x):
@@ -227,6 +228,8 @@ def table_performance():
         )
     rows = []
     for r in data["rows"]:
+        if r["op"] == SUSTAINED:
+            continue  # table_power
         shape = f"{r.get('M')} x {r.get('K')} x {r.get('N')}"
         if "ms" in r:
             rows.append([r["op"], r["impl"], shape, f"{r['ms']:.3f}", f"{r['tflops']:.0f}"])
@@ -246,3 +249,26 @@ def table_performance():
         got = "not measured" if ratio is None else f"{ratio:.2f}x"
         lines.append(f"- {what}: **{got}** (target at least {target}x)")
     return "\n".join(lines)
+
+
+def table_power():
+    """The sustained rows of ffn.json: what each layer draws and the clock it runs at."""
+    try:
+        rows = [r for r in _results.load("ffn")["rows"] if r["op"] == SUSTAINED]
+    except FileNotFoundError:
+        rows = []
+    if not rows:
+        return '!!! note "Results pending"\n    No sustained-load rows in `ffn.json` yet.'
+    out = []
+    for r in rows:
+        if "ms" not in r:
+            out.append([r["impl"], str(r.get("skipped", ""))[:80], "", "", "", "", ""])
+            continue
+        out.append([r["impl"], f"{r['ms']:.3f}", f"{r['tflops']:.0f}",
+                     f"{r['power_w']:.0f} of {r['power_limit_w']:.0f}",
+                     f"{r['sm_mhz']:.0f} of {r['max_sm_mhz']:.0f}",
+                     f"{r['tflops'] / (r['sm_mhz'] / 1e3):.0f}",
+                     ", ".join(r["clock_reasons"]) or "none"])
+    return _results.markdown_table(
+        ["3 s back to back", "ms a call", "TFLOP/s", "power (W)", "SM clock (MHz)",
+         "TFLOP/s per GHz", "clock held back by"], out, "lrrrrrl")
