@@ -225,7 +225,7 @@ def summary(rows: list[dict], meta: dict) -> str:
         else:
             lines.append(f"  {what} {r.get('error') or r.get('skipped')}")
     for what, ratio, target in ratios(rows):
-        got = "n/a" if ratio is None else f"{ratio:.2f}x"
+        got = "n/a" if ratio is None else f"{ratio:.3f}x"
         ok = "" if ratio is None else ("  ok" if ratio >= target else "  MISSED")
         lines.append(f"  {what}: {got} (target >= {target}x){ok}")
     return "\n".join(lines)

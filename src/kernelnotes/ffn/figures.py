@@ -246,7 +246,8 @@ def table_performance():
             "",
         ]
     for what, ratio, target in ratios(data["rows"]):
-        got = "not measured" if ratio is None else f"{ratio:.2f}x"
+        got = ("not measured" if ratio is None
+               else f"{ratio:.3f}x, " + ("met" if ratio >= target else "missed"))
         lines.append(f"- {what}: **{got}** (target at least {target}x)")
     return "\n".join(lines)
 
