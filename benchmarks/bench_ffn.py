@@ -115,7 +115,8 @@ def run(quick: bool) -> list[dict]:
     # same layer at M = 8192 (4096 output tiles of 128 x 256: 31.03 rounds of the persistent grid
     # on 132 SMs, a 32nd of 4 tiles) and M = 8448 (4224 tiles: exactly 32); if the 32nd round
     # cost a tile's time, ours would run ~3% faster per FLOP at 8448. Epilogue: our kernel with
-    # no activation (bias only) at M = 8192, so the GELU's share of the time is measured.
+    # no activation (bias only) at M = 8192, so the GELU's share of the time is measured, and
+    # with the GELU but the output stored by pointers instead of TMA.
     if not quick:
         xs_by_m = {m: x if m == M else torch.randn(m, K, device=dev, dtype=dt) for m in (M, 8448)}
 
@@ -130,6 +131,12 @@ def run(quick: bool) -> list[dict]:
                           lambda xm=xm: k.linear_act_forward(xm, W, b, "gelu")[0], None))
         probe.append((at("triton linear_act none", M),
                       lambda: k.linear_act_forward(x, W, b, "none")[0], None))
+        # the default kernel with its output stored from registers by pointers, as before the
+        # TMA store (kernel._store_tma): what the store path is worth, in the same rounds
+        ptr_store = triton.Config({**default.kwargs, "TMA_STORE": False},
+                                  num_warps=default.num_warps, num_stages=default.num_stages)
+        probe.append((at("triton linear_act gelu [pointer store]", M),
+                      lambda: k.linear_act_forward(x, W, b, "gelu", config=ptr_store)[0], None))
         _interleaved(rows, probe, lambda r: 2 * r["M"] * N * K, rounds=5)
         del xs_by_m, probe
 

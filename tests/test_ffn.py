@@ -115,6 +115,37 @@ def test_every_output_element_is_written():
         assert rel_err(db, ref_dz.sum(0)) <= tol(torch.float16)
 
 
+@pytest.mark.parametrize("act", ["none", "gelu"])
+def test_tma_store_writes_all_of_c_and_nothing_past_it(act):
+    """The TMA kernel stores C by TMA when C's rows allow it (_store_tma): into a NaN-filled
+    buffer with 8 guard columns, every element of C is written, right, and no guard column is;
+    M and N are not multiples of the tile, so the engine must clip both halves of edge tiles."""
+    k = kernel()
+    base = k.TMA_CONFIG if ON_GPU else k.INTERPRETER_CONFIG
+    cfg = triton.Config({**base.kwargs, "TMA": True}, num_warps=base.num_warps,
+                        num_stages=base.num_stages)
+    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+    m, kk, n = 2 * bm + 5, size(40, 776), 2 * bn + bn // 2 + 8  # n % 8 == 0: rows 16-byte aligned
+    x, W, b = (rand(m, kk, dtype=torch.bfloat16, seed=1),
+               rand(n, kk, dtype=torch.bfloat16, scale=kk**-0.5, seed=2),
+               rand(n, dtype=torch.bfloat16, seed=3))
+    buf = torch.full((m, n + 8), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+    c = buf[:, :n]
+    assert k._tma_store_target(c, cfg.kwargs) is not None  # the path under test is taken
+    k._matmul(x, W.t(), c, bias=b, act=k._act_code(act), config=cfg)
+    assert buf[:, n:].isnan().all() and not c.isnan().any()
+    zr = x.double() @ W.double().T + b.double()
+    assert rel_err(c, zr if act == "none" else F.gelu(zr)) <= tol(torch.bfloat16)
+    by_pointers = torch.full_like(c, float("nan"))  # TMA_STORE=False: the same tile, stored by
+    k._matmul(x, W.t(), by_pointers, bias=b, act=k._act_code(act),  # masked pointer stores
+              config=triton.Config({**cfg.kwargs, "TMA_STORE": False}, num_warps=cfg.num_warps,
+                                   num_stages=cfg.num_stages))
+    assert torch.equal(by_pointers, c)
+    # rows that TMA cannot write (a row stride of 2n + 2 bytes) fall back to pointer stores
+    odd = torch.empty(m, n + 1, device=DEVICE, dtype=torch.bfloat16)[:, :n]
+    assert k._tma_store_target(odd, cfg.kwargs) is None
+
+
 def test_swiglu_and_act_backward_outputs_fully_written(monkeypatch):
     """torch.empty NaN-poisoned: the SwiGLU kernel writes all of h and z = [z_gate, z_up], the
     gated act_backward all of dZ (db starts at zeros, as its atomic adds need). M, H, K divide no

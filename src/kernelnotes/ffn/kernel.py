@@ -128,8 +128,8 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _epilogue(
     acc,  # fp32 [BLOCK_M, BLOCK_N] tile of A B; rows and columns outside C are 0
-    offs_m,
-    offs_n,  # its row and column indices in C
+    off_m,
+    off_n,  # its first row and column in C
     M,
     N,
     c_ptr,
@@ -143,8 +143,11 @@ def _epilogue(
     STORE_Z: tl.constexpr,
     GRAD_ACT: tl.constexpr,
     ACC_DB: tl.constexpr,
+    C_TMA: tl.constexpr = False,  # c_ptr is a TMA descriptor of C with [BLOCK_M, BLOCK_N / 2] boxes
 ):
     """Everything after the matmul, in fp32 while the tile is in registers; one cast to store."""
+    offs_m = off_m + tl.arange(0, acc.shape[0])
+    offs_n = off_n + tl.arange(0, acc.shape[1])
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :]
     if HAS_BIAS:
@@ -158,8 +161,23 @@ def _epilogue(
         if STORE_Z:
             tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=c_mask)
         acc = _act(acc, ACT)
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    if C_TMA:
+        _store_tma(c_ptr, acc, off_m, off_n)
+    else:
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def _store_tma(c_desc, acc, off_m, off_n):
+    """The tile to C by TMA, in two [BM, BN / 2] halves: each goes registers -> shared memory ->
+    global while the program moves on (half the staging buffer of one whole-tile store), and
+    the engine drops whatever falls outside C, so no masks."""
+    BM: tl.constexpr = acc.shape[0]
+    BN: tl.constexpr = acc.shape[1]
+    left, right = acc.reshape(BM, 2, BN // 2).permute(0, 2, 1).split()
+    c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+    c_desc.store([off_m, off_n + BN // 2], right.to(c_desc.dtype))
 
 
 # --8<-- [end:epilogue]
@@ -223,7 +241,7 @@ def _matmul_kernel(
     a_src,  # A [M, K]: a pointer (any strides); with TMA a descriptor of A, or of A^T if A_T
     b_src,  # B [K, N]: a pointer (W [N, K] read as B = W^T by swapping its strides); with TMA a
     # descriptor of B, or of B^T if B_T
-    c_ptr,  # *C [M, N] output, row stride stride_cm, unit column stride
+    c_ptr,  # *C [M, N] output, row stride stride_cm, unit column stride; if C_TMA a descriptor
     bias_ptr,  # *[N] bias, read if HAS_BIAS
     z_ptr,  # *Z [M, N]: written (pre-activation) if STORE_Z, read (for sigma'(Z)) if GRAD_ACT
     db_ptr,  # *fp32 [N]: += column sums of the output if ACC_DB (GRAD_ACT only)
@@ -251,6 +269,7 @@ def _matmul_kernel(
     A_T: tl.constexpr = False,
     B_T: tl.constexpr = False,  # TMA: which operands are read transposed
     FLATTEN: tl.constexpr = False,  # one pipelined loop over (tile, k): see below
+    C_TMA: tl.constexpr = False,  # c_ptr is a TMA descriptor (_store_tma)
     DOT_FP32: tl.constexpr = False,  # interpreter only, see _dot_fp32
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -271,24 +290,8 @@ def _matmul_kernel(
 
         tile_c += NUM_SMS
         pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
-        _epilogue(
-            acc,
-            pid_m * BLOCK_M + tl.arange(0, BLOCK_M),
-            pid_n * BLOCK_N + tl.arange(0, BLOCK_N),
-            M,
-            N,
-            c_ptr,
-            stride_cm,
-            bias_ptr,
-            z_ptr,
-            stride_zm,
-            db_ptr,
-            ACT,
-            HAS_BIAS,
-            STORE_Z,
-            GRAD_ACT,
-            ACC_DB,
-        )
+        _epilogue(acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, c_ptr, stride_cm, bias_ptr, z_ptr,
+                  stride_zm, db_ptr, ACT, HAS_BIAS, STORE_Z, GRAD_ACT, ACC_DB, C_TMA)
 
 
 # --8<-- [end:matmul_kernel]
@@ -537,7 +540,8 @@ def _matmul(
     """c = epilogue(a @ b): a [M, K] and b [K, N] with any strides, c [M, N] with unit column
     stride; the flags as in _matmul_kernel. config None: TMA_CONFIG for large problems on
     Hopper (_tma_default), else autotune on a GPU; a config with TMA=True: the TMA kernel,
-    where both operands allow it (else the pointer kernel)."""
+    where both operands allow it (else the pointer kernel), which also stores c by TMA where c
+    allows it (_tma_store_target) unless the config sets TMA_STORE=False."""
     M, K = a.shape
     N = b.shape[1]
     dummy = c  # never read or written: the constexpr flags switch those pointers off
@@ -582,7 +586,7 @@ def _matmul(
         _matmul_tuned[grid](*args, **flags, NUM_SMS=_num_programs(c.device, 1 << 30))
     else:
         cfg = config or INTERPRETER_CONFIG
-        kw = {n: v for n, v in cfg.kwargs.items() if n != "TMA"}
+        kw = {n: v for n, v in cfg.kwargs.items() if n not in ("TMA", "TMA_STORE")}
         tiles = cdiv(M, kw["BLOCK_M"]) * cdiv(N, kw["BLOCK_N"])
         launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         grid = (_num_programs(c.device, tiles),)
@@ -591,7 +595,10 @@ def _matmul(
         if tma is None:
             _matmul_fixed[grid](*args, **flags, **kw, NUM_SMS=nsm, **launch)
         else:
-            _matmul_fixed[grid](*tma[:2], *args[2:], **flags, TMA=True, A_T=tma[2], B_T=tma[3],
+            tma_store = cfg.kwargs.get("TMA_STORE", True) and not (store_z or grad_act)
+            c_desc = _tma_store_target(c, kw) if tma_store else None
+            _matmul_fixed[grid](*tma[:2], c if c_desc is None else c_desc, *args[3:], **flags,
+                                TMA=True, A_T=tma[2], B_T=tma[3], C_TMA=c_desc is not None,
                                 **kw, NUM_SMS=nsm, **launch)
     return c
 
@@ -627,6 +634,19 @@ def _tma_view(t):
             if t.data_ptr() % 16 == 0:
                 return view, transposed
     return None, None
+
+
+def _tma_store_target(c, kw):
+    """A TMA descriptor of c [M, N] with [BLOCK_M, BLOCK_N / 2] boxes (_store_tma), or None if
+    c's rows are not what TMA writes (unit column stride, 16-byte aligned). Not with STORE_Z
+    (staging Z's tile as well passes the 227 KiB of shared memory at three stages) nor GRAD_ACT
+    (in Triton 3.6 the sigma'(Z) epilogue then spills about 3 KB of registers a thread)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    view, transposed = _tma_view(c)
+    if view is None or transposed:
+        return None
+    return TensorDescriptor.from_tensor(c, [kw["BLOCK_M"], kw["BLOCK_N"] // 2])
 
 
 def _tma_operands(a, b, kw):
