@@ -639,8 +639,9 @@ def _tma_view(t):
 def _tma_store_target(c, kw):
     """A TMA descriptor of c [M, N] with [BLOCK_M, BLOCK_N / 2] boxes (_store_tma), or None if
     c's rows are not what TMA writes (unit column stride, 16-byte aligned). Not with STORE_Z
-    (staging Z's tile as well passes the 227 KiB of shared memory at three stages) nor GRAD_ACT
-    (in Triton 3.6 the sigma'(Z) epilogue then spills about 3 KB of registers a thread)."""
+    (Z's whole tile staged as well took 240 KiB of shared memory at three stages, past the 227;
+    Z in halves was not tried) nor GRAD_ACT (in Triton 3.6 the sigma'(Z) epilogue then spills
+    about 3 KB of registers a thread): those keep pointer stores."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     view, transposed = _tma_view(c)
