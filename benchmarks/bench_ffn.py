@@ -27,7 +27,16 @@ def _rel_err(got, ref) -> float:
 def _timing(p50: float, p20: float, p80: float, flops: float) -> dict:
     """A row's timing fields: the quantiles in ms and the p50 rate in TFLOP/s."""
     return dict(ms=round(p50, 4), ms_p20=round(p20, 4), ms_p80=round(p80, 4),
-                tflops=round(flops / (p50 * 1e-3) / 1e12, 1))
+                tflops=_tflops(p50, flops))
+
+
+def _tflops(ms: float, flops: float) -> float:
+    return round(flops / (ms * 1e-3) / 1e12, 1)
+
+
+def _record(rows: list[dict], row: dict) -> None:
+    rows.append(row)
+    print({kk: v for kk, v in row.items() if kk not in ("K", "N")}, flush=True)
 
 
 def _interleaved(rows: list[dict], entries: list, flops, rounds: int) -> None:
@@ -51,8 +60,7 @@ def _interleaved(rows: list[dict], entries: list, flops, rounds: int) -> None:
         row = entries[i][0]
         row.update(_timing(*quantiles, flops(row) if callable(flops) else flops))
     for row, _, _ in entries:
-        rows.append(row)
-        print({kk: v for kk, v in row.items() if kk not in ("K", "N")}, flush=True)
+        _record(rows, row)
 
 
 def run(quick: bool) -> list[dict]:
@@ -210,12 +218,10 @@ def run(quick: bool) -> list[dict]:
     for row, fn, row_flops in power:
         try:
             got = _harness.sustained(fn)
-            row.update(got, ms=round(got["ms"], 4),
-                       tflops=round(row_flops / (got["ms"] * 1e-3) / 1e12, 1))
+            row.update(got, ms=round(got["ms"], 4), tflops=_tflops(got["ms"], row_flops))
         except Exception as e:  # noqa: BLE001 - no nvidia-smi, or no samples: say so
             row["skipped"] = f"{type(e).__name__}: {e}"[:400]
-        rows.append(row)
-        print({kk: v for kk, v in row.items() if kk not in ("K", "N")}, flush=True)
+        _record(rows, row)
     return rows
 
 

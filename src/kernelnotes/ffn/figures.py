@@ -216,6 +216,12 @@ def ratios(rows: list[dict]) -> list[tuple[str, float | None, float]]:
     return out
 
 
+def _note(row) -> str:
+    """A row without timings: its error or why it was skipped, fit for one table cell."""
+    note = str(row.get("error") or row.get("skipped", ""))
+    return note.replace("|", "/").replace("\n", " ")[:80]
+
+
 def table_performance():
     try:
         data = _results.load("ffn")
@@ -234,8 +240,7 @@ def table_performance():
         if "ms" in r:
             rows.append([r["op"], r["impl"], shape, f"{r['ms']:.3f}", f"{r['tflops']:.0f}"])
         else:
-            note = str(r.get("error") or r.get("skipped", "")).replace("|", "/").replace("\n", " ")
-            rows.append([r["op"], r["impl"], shape, note[:80], ""])
+            rows.append([r["op"], r["impl"], shape, _note(r), ""])
     table = _results.markdown_table(
         ["operation", "implementation", "M x K x N", "ms (p50)", "TFLOP/s"], rows, "lllrr"
     )
@@ -263,7 +268,7 @@ def table_power():
     out = []
     for r in rows:
         if "ms" not in r:
-            out.append([r["impl"], str(r.get("skipped", ""))[:80], "", "", "", "", ""])
+            out.append([r["impl"], _note(r), "", "", "", "", ""])
             continue
         out.append([r["impl"], f"{r['ms']:.3f}", f"{r['tflops']:.0f}",
                      f"{r['power_w']:.0f} of {r['power_limit_w']:.0f}",
