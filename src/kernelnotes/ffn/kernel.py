@@ -440,7 +440,8 @@ SWIGLU_CONFIGS = [
 # What config=None uses for large problems on Hopper: the TMA kernel on the first tile. Four
 # stages with FLATTEN and GROUP_M = 16 ranged from 3% faster to 1% slower than it for the fused
 # GELU layer at 8192 x 16384 x 4096 (four runs on two H200s, each in interleaved rounds with this
-# config), so it stays as it is.
+# config), so it stays as it is; with the TMA store, FLATTEN alone moved the FFN block by less than
+# the run-to-run noise, whichever of its matmuls took it (docs/posts/05, "Performance").
 TMA_CONFIG = triton.Config({**MATMUL_CONFIGS[0].kwargs, "TMA": True},
                            num_warps=MATMUL_CONFIGS[0].num_warps,
                            num_stages=MATMUL_CONFIGS[0].num_stages)
