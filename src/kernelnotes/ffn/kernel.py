@@ -155,8 +155,8 @@ def _epilogue(
     if GRAD_ACT:
         z = tl.load(z_ptrs, mask=c_mask, other=0.0).to(tl.float32)
         acc = acc * _act_grad(z, ACT)  # dZ = dA * sigma'(Z); 0 outside C
-        if ACC_DB:
-            tl.atomic_add(db_ptr + offs_n, tl.sum(acc, axis=0), mask=offs_n < N)
+        if ACC_DB:  # relaxed: db is read after the kernel; the default acq_rel is a fence a tile
+            tl.atomic_add(db_ptr + offs_n, tl.sum(acc, axis=0), mask=offs_n < N, sem="relaxed")
     else:
         if STORE_Z:
             tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=c_mask)
@@ -399,8 +399,10 @@ def _act_backward_kernel(
         tl.store(dz_row, dg.to(dz_ptr.dtype.element_ty), mask=mask)
         tl.store(dz_row + N_out, du.to(dz_ptr.dtype.element_ty), mask=mask)
         if ACC_DB:
-            tl.atomic_add(db_ptr + offs_n, tl.sum(dg, axis=0), mask=offs_n < N_out)
-            tl.atomic_add(db_ptr + N_out + offs_n, tl.sum(du, axis=0), mask=offs_n < N_out)
+            tl.atomic_add(db_ptr + offs_n, tl.sum(dg, axis=0), mask=offs_n < N_out,
+                          sem="relaxed")
+            tl.atomic_add(db_ptr + N_out + offs_n, tl.sum(du, axis=0), mask=offs_n < N_out,
+                          sem="relaxed")
     else:
         if ACT == 0:
             dz = dy  # no activation: dZ = dY, only the bias gradient is wanted
@@ -411,7 +413,7 @@ def _act_backward_kernel(
             dz_ptrs = dz_ptr + row * N_out + offs_n[None, :]
             tl.store(dz_ptrs, dz.to(dz_ptr.dtype.element_ty), mask=mask)
         if ACC_DB:
-            tl.atomic_add(db_ptr + offs_n, tl.sum(dz, axis=0), mask=offs_n < N_out)
+            tl.atomic_add(db_ptr + offs_n, tl.sum(dz, axis=0), mask=offs_n < N_out, sem="relaxed")
 
 
 # --8<-- [end:act_backward_kernel]
