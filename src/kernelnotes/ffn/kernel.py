@@ -126,6 +126,14 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 # --8<-- [start:epilogue]
 @triton.jit
+def _add_column_sums(db_ptrs, tile, mask):
+    """db += the tile's column sums, by atomics in no fixed order. Relaxed: db is read only after
+    the kernel, and Triton's default (acq_rel) would make each a fence that waits for the tile's
+    stores (dZ1 of the FFN block 1.91 -> 1.86 ms on an H200)."""
+    tl.atomic_add(db_ptrs, tl.sum(tile, axis=0), mask=mask, sem="relaxed")
+
+
+@triton.jit
 def _epilogue(
     acc,  # fp32 [BLOCK_M, BLOCK_N] tile of A B; rows and columns outside C are 0
     off_m,
@@ -155,8 +163,8 @@ def _epilogue(
     if GRAD_ACT:
         z = tl.load(z_ptrs, mask=c_mask, other=0.0).to(tl.float32)
         acc = acc * _act_grad(z, ACT)  # dZ = dA * sigma'(Z); 0 outside C
-        if ACC_DB:  # relaxed: db is read after the kernel; the default acq_rel is a fence a tile
-            tl.atomic_add(db_ptr + offs_n, tl.sum(acc, axis=0), mask=offs_n < N, sem="relaxed")
+        if ACC_DB:
+            _add_column_sums(db_ptr + offs_n, acc, offs_n < N)
     else:
         if STORE_Z:
             tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=c_mask)
@@ -399,10 +407,8 @@ def _act_backward_kernel(
         tl.store(dz_row, dg.to(dz_ptr.dtype.element_ty), mask=mask)
         tl.store(dz_row + N_out, du.to(dz_ptr.dtype.element_ty), mask=mask)
         if ACC_DB:
-            tl.atomic_add(db_ptr + offs_n, tl.sum(dg, axis=0), mask=offs_n < N_out,
-                          sem="relaxed")
-            tl.atomic_add(db_ptr + N_out + offs_n, tl.sum(du, axis=0), mask=offs_n < N_out,
-                          sem="relaxed")
+            _add_column_sums(db_ptr + offs_n, dg, offs_n < N_out)
+            _add_column_sums(db_ptr + N_out + offs_n, du, offs_n < N_out)
     else:
         if ACT == 0:
             dz = dy  # no activation: dZ = dY, only the bias gradient is wanted
@@ -413,7 +419,7 @@ def _act_backward_kernel(
             dz_ptrs = dz_ptr + row * N_out + offs_n[None, :]
             tl.store(dz_ptrs, dz.to(dz_ptr.dtype.element_ty), mask=mask)
         if ACC_DB:
-            tl.atomic_add(db_ptr + offs_n, tl.sum(dz, axis=0), mask=offs_n < N_out, sem="relaxed")
+            _add_column_sums(db_ptr + offs_n, dz, offs_n < N_out)
 
 
 # --8<-- [end:act_backward_kernel]
@@ -646,8 +652,8 @@ def _tma_store_target(c, kw):
     Z stored by TMA in halves as well compiled offline for sm_90 to 175 registers, no spills and
     180 KB, where this pointer-store forward takes 255 registers and spills 2.6 KB a thread; an
     H200 probe timed it 2.4% faster, bit for bit the same: to adopt once the GPU suite has run
-    it) nor GRAD_ACT (in Triton 3.6 the sigma'(Z) epilogue then spills about 3 KB
-    of registers a thread): those keep pointer stores."""
+    it) nor GRAD_ACT (in Triton 3.6 the sigma'(Z) epilogue then spills about 3 KB of registers
+    a thread): those keep pointer stores."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     view, transposed = _tma_view(c)
