@@ -148,6 +148,35 @@ def run(quick: bool) -> list[dict]:
         _interleaved(rows, probe, lambda r: 2 * r["M"] * N * K, rounds=5)
         del xs_by_m, probe
 
+        # The training layers of the FFN block, as FFNFunction runs them: the forward that keeps
+        # Z, and the backward's dZ1 = (dY W2) * gelu'(Z1) with db1; the epilogue's Z and output
+        # moved by TMA in half tiles (the default) or by pointers, and eager's matmul +
+        # gelu_backward, in the same rounds.
+        W2 = torch.randn(K, N, device=dev, dtype=dt) / math.sqrt(K)
+        dy = torch.randn(M, K, device=dev, dtype=dt)
+        z1 = F.linear(x, W, b)
+        db1 = torch.zeros(N, device=dev, dtype=torch.float32)
+
+        def train(impl, fn):
+            return (dict(op="training layers (interleaved)", impl=impl, **shape), fn, None)
+
+        def dz1(config):
+            return k._matmul(dy, W2, torch.empty_like(z1), z=z1, db=db1, act=2,
+                             grad_act=True, config=config)
+
+        _interleaved(rows, [
+            train("torch F.linear (cuBLAS, bias fused)", lambda: F.linear(x, W, b)),
+            train("triton linear_act gelu, store_z",
+                  lambda: k.linear_act_forward(x, W, b, "gelu", store_z=True)),
+            train("triton linear_act gelu, store_z [pointer store]",
+                  lambda: k.linear_act_forward(x, W, b, "gelu", store_z=True, config=ptr_store)),
+            train("torch dY @ W2 + aten.gelu_backward",
+                  lambda: torch.ops.aten.gelu_backward(dy @ W2, z1)),
+            train("triton dZ1 (gelu' epilogue, db1)", lambda: dz1(default)),
+            train("triton dZ1 (gelu' epilogue, db1) [pointer store]", lambda: dz1(ptr_store)),
+        ], flops, rounds=5)
+        del W2, dy, z1, db1
+
     # gated (SwiGLU), same FLOPs: W_gate_up [N, K] -> h [M, N/2]
     H = N // 2
 

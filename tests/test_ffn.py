@@ -115,11 +115,12 @@ def test_every_output_element_is_written():
         assert rel_err(db, ref_dz.sum(0)) <= tol(torch.float16)
 
 
-@pytest.mark.parametrize("act", ["none", "gelu"])
-def test_tma_store_writes_all_of_c_and_nothing_past_it(act):
-    """The TMA kernel stores C by TMA when C's rows allow it (_store_tma): into a NaN-filled
-    buffer with 8 guard columns, every element of C is written, right, and no guard column is;
-    M and N are not multiples of the tile, so the engine must clip both halves of edge tiles."""
+@pytest.mark.parametrize("act, store_z", [("none", False), ("gelu", False), ("gelu", True)])
+def test_tma_store_writes_all_of_c_and_nothing_past_it(act, store_z):
+    """The TMA kernel stores C (and Z, for training) by TMA when their rows allow it (_store_tma):
+    into NaN-filled buffers with 8 guard columns, every element of C and Z is written, right, and
+    no guard column is; M and N are not multiples of the tile, so the engine must clip both halves
+    of edge tiles. Pointer stores of the same tiles (TMA_STORE=False) agree bit for bit."""
     k = kernel()
     base = k.TMA_CONFIG if ON_GPU else k.INTERPRETER_CONFIG
     cfg = triton.Config({**base.kwargs, "TMA": True}, num_warps=base.num_warps,
@@ -129,21 +130,76 @@ def test_tma_store_writes_all_of_c_and_nothing_past_it(act):
     x, W, b = (rand(m, kk, dtype=torch.bfloat16, seed=1),
                rand(n, kk, dtype=torch.bfloat16, scale=kk**-0.5, seed=2),
                rand(n, dtype=torch.bfloat16, seed=3))
-    buf = torch.full((m, n + 8), float("nan"), device=DEVICE, dtype=torch.bfloat16)
-    c = buf[:, :n]
-    assert k._tma_store_target(c, cfg.kwargs) is not None  # the path under test is taken
-    k._matmul(x, W.t(), c, bias=b, act=k._act_code(act), config=cfg)
-    assert buf[:, n:].isnan().all() and not c.isnan().any()
+
+    def guarded():  # an [m, n] view of a NaN-filled [m, n + 8] buffer, and the buffer
+        buf = torch.full((m, n + 8), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+        return buf[:, :n], buf
+
+    (c, c_buf), (z, z_buf) = guarded(), guarded()
+    assert k._tma_halves(c, cfg.kwargs) is not None  # the path under test is taken
+    k._matmul(x, W.t(), c, bias=b, z=z if store_z else None, act=k._act_code(act),
+              store_z=store_z, config=cfg)
+    assert c_buf[:, n:].isnan().all() and not c.isnan().any()
     zr = x.double() @ W.double().T + b.double()
     assert rel_err(c, zr if act == "none" else F.gelu(zr)) <= tol(torch.bfloat16)
-    by_pointers = torch.full_like(c, float("nan"))  # TMA_STORE=False: the same tile, stored by
-    k._matmul(x, W.t(), by_pointers, bias=b, act=k._act_code(act),  # masked pointer stores
+    if store_z:
+        assert z_buf[:, n:].isnan().all() and not z.isnan().any()
+        assert rel_err(z, zr) <= tol(torch.bfloat16)
+    else:
+        assert z_buf.isnan().all()
+    (c_ptr, _), (z_ptr, _) = guarded(), guarded()  # TMA_STORE=False: masked pointer stores
+    k._matmul(x, W.t(), c_ptr, bias=b, z=z_ptr if store_z else None, act=k._act_code(act),
+              store_z=store_z,
               config=triton.Config({**cfg.kwargs, "TMA_STORE": False}, num_warps=cfg.num_warps,
                                    num_stages=cfg.num_stages))
-    assert torch.equal(by_pointers, c)
+    assert torch.equal(c_ptr, c)
     # rows that TMA cannot write (a row stride of 2n + 2 bytes) fall back to pointer stores
-    odd = torch.empty(m, n + 1, device=DEVICE, dtype=torch.bfloat16)[:, :n]
-    assert k._tma_store_target(odd, cfg.kwargs) is None
+    odd = torch.full((m, n + 1), float("nan"), device=DEVICE, dtype=torch.bfloat16)[:, :n]
+    assert k._tma_halves(odd, cfg.kwargs) is None
+    if store_z:  # and a Z that TMA cannot write takes C back to pointer stores with it
+        assert torch.equal(z_ptr, z)
+        c_odd, _ = guarded()
+        k._matmul(x, W.t(), c_odd, bias=b, z=odd, act=k._act_code(act), store_z=True, config=cfg)
+        assert torch.equal(c_odd, c) and torch.equal(odd, z)
+
+
+def test_tma_grad_act_writes_all_of_dz_and_nothing_past_it():
+    """The backward epilogue (GRAD_ACT) of the TMA kernel loads Z and stores dZ = dA * gelu'(Z)
+    by TMA, half a tile at a time (_grad_act_half): into a NaN-filled buffer with 8 guard
+    columns, every element of dZ is written and right, db is the column sums, and no guard
+    column is touched; M and N divide no tile. Pointer loads and stores of the same tiles agree
+    bit for bit, and a Z that TMA cannot read takes dZ back to pointers with it."""
+    k = kernel()
+    base = k.TMA_CONFIG if ON_GPU else k.INTERPRETER_CONFIG
+    cfg = triton.Config({**base.kwargs, "TMA": True}, num_warps=base.num_warps,
+                        num_stages=base.num_stages)
+    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+    m, kk, n = 2 * bm + 5, size(40, 776), 2 * bn + bn // 2 + 8  # n % 8 == 0: rows 16-byte aligned
+    da, W2 = rand(m, kk, dtype=torch.bfloat16, seed=1), rand(kk, n, dtype=torch.bfloat16, seed=2)
+    z = rand(m, n, dtype=torch.bfloat16, seed=3)
+    buf = torch.full((m, n + 8), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+    dz, db = buf[:, :n], torch.zeros(n, device=DEVICE, dtype=torch.float32)
+    assert k._tma_halves(dz, cfg.kwargs) is not None and k._tma_halves(z, cfg.kwargs) is not None
+    k._matmul(da, W2, dz, z=z, db=db, act=2, grad_act=True, config=cfg)
+    assert buf[:, n:].isnan().all() and not dz.isnan().any()
+    zd = z.double()
+    ref_dz = (da.double() @ W2.double()) * torch.from_numpy(
+        ref.activation_grad(zd.cpu().numpy(), "gelu")).to(DEVICE)
+    assert rel_err(dz, ref_dz) <= tol(torch.bfloat16)
+    assert rel_err(db, ref_dz.sum(0)) <= tol(torch.bfloat16)
+    by_pointers, db_p = torch.full_like(dz, float("nan")), torch.zeros_like(db)
+    k._matmul(da, W2, by_pointers, z=z, db=db_p, act=2, grad_act=True,
+              config=triton.Config({**cfg.kwargs, "TMA_STORE": False}, num_warps=cfg.num_warps,
+                                   num_stages=cfg.num_stages))
+    assert torch.equal(by_pointers, dz)
+    # db: the same fp32 partial sums, added by atomics in another order: a few roundings apart
+    assert rel_err(db_p, db) <= 8 * torch.finfo(torch.float32).eps
+    z_odd = torch.full((m, n + 1), float("nan"), device=DEVICE, dtype=torch.bfloat16)[:, :n]
+    z_odd.copy_(z)
+    assert k._tma_halves(z_odd, cfg.kwargs) is None
+    dz_odd = torch.full_like(dz, float("nan"))
+    k._matmul(da, W2, dz_odd, z=z_odd, act=2, grad_act=True, config=cfg)
+    assert torch.equal(dz_odd, dz)
 
 
 def test_swiglu_and_act_backward_outputs_fully_written(monkeypatch):

@@ -151,25 +151,38 @@ def _epilogue(
     STORE_Z: tl.constexpr,
     GRAD_ACT: tl.constexpr,
     ACC_DB: tl.constexpr,
-    C_TMA: tl.constexpr = False,  # c_ptr is a TMA descriptor of C with [BLOCK_M, BLOCK_N / 2] boxes
+    C_TMA: tl.constexpr = False,  # c_ptr and z_ptr are TMA descriptors with [BLOCK_M,
+    # BLOCK_N / 2] boxes (_tma_halves)
 ):
     """Everything after the matmul, in fp32 while the tile is in registers; one cast to store."""
     offs_m = off_m + tl.arange(0, acc.shape[0])
     offs_n = off_n + tl.arange(0, acc.shape[1])
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    if GRAD_ACT:
+    if GRAD_ACT and C_TMA:  # a half tile at a time (_grad_act_half)
+        BM: tl.constexpr = acc.shape[0]
+        HALF: tl.constexpr = acc.shape[1] // 2
+        left, right = acc.reshape(BM, 2, HALF).permute(0, 2, 1).split()
+        _grad_act_half(left, off_m, off_n, N, c_ptr, z_ptr, db_ptr, ACT, ACC_DB)
+        _grad_act_half(right, off_m, off_n + HALF, N, c_ptr, z_ptr, db_ptr, ACT, ACC_DB)
+    elif GRAD_ACT:
+        z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :]
         z = tl.load(z_ptrs, mask=c_mask, other=0.0).to(tl.float32)
         acc = acc * _act_grad(z, ACT)  # dZ = dA * sigma'(Z); 0 outside C
         if ACC_DB:
             _add_column_sums(db_ptr + offs_n, acc, offs_n < N)
     else:
         if STORE_Z:
-            tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=c_mask)
+            if C_TMA:
+                _store_tma(z_ptr, acc, off_m, off_n)
+            else:
+                z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :]
+                tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=c_mask)
         acc = _act(acc, ACT)
-    if C_TMA:
+    if GRAD_ACT and C_TMA:
+        pass  # stored by _grad_act_half
+    elif C_TMA:
         _store_tma(c_ptr, acc, off_m, off_n)
     else:
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
@@ -186,6 +199,21 @@ def _store_tma(c_desc, acc, off_m, off_n):
     left, right = acc.reshape(BM, 2, BN // 2).permute(0, 2, 1).split()
     c_desc.store([off_m, off_n], left.to(c_desc.dtype))
     c_desc.store([off_m, off_n + BN // 2], right.to(c_desc.dtype))
+
+
+@triton.jit
+def _grad_act_half(da, off_m, off_n, N, dz_desc, z_desc, db_ptr, ACT: tl.constexpr,
+                   ACC_DB: tl.constexpr):
+    """dZ = dA * sigma'(Z) for a [BM, BN / 2] half tile at (off_m, off_n): Z in and dZ out by TMA
+    (entries outside Z arrive as 0 and none outside dZ is written), db += its column sums. Half
+    a tile at a time, the GELU backward epilogue compiles for sm_90 without register spills
+    (whole tiles through pointers: 400 B a thread)."""
+    z = z_desc.load([off_m, off_n]).to(tl.float32)
+    dz = da * _act_grad(z, ACT)
+    if ACC_DB:
+        offs_n = off_n + tl.arange(0, da.shape[1])
+        _add_column_sums(db_ptr + offs_n, dz, offs_n < N)
+    dz_desc.store([off_m, off_n], dz.to(dz_desc.dtype))
 
 
 # --8<-- [end:epilogue]
@@ -251,7 +279,8 @@ def _matmul_kernel(
     # descriptor of B, or of B^T if B_T
     c_ptr,  # *C [M, N] output, row stride stride_cm, unit column stride; if C_TMA a descriptor
     bias_ptr,  # *[N] bias, read if HAS_BIAS
-    z_ptr,  # *Z [M, N]: written (pre-activation) if STORE_Z, read (for sigma'(Z)) if GRAD_ACT
+    z_ptr,  # *Z [M, N]: written (pre-activation) if STORE_Z, read (for sigma'(Z)) if GRAD_ACT;
+    # with C_TMA a descriptor
     db_ptr,  # *fp32 [N]: += column sums of the output if ACC_DB (GRAD_ACT only)
     M,
     N,
@@ -277,7 +306,7 @@ def _matmul_kernel(
     A_T: tl.constexpr = False,
     B_T: tl.constexpr = False,  # TMA: which operands are read transposed
     FLATTEN: tl.constexpr = False,  # one pipelined loop over (tile, k): see below
-    C_TMA: tl.constexpr = False,  # c_ptr is a TMA descriptor (_store_tma)
+    C_TMA: tl.constexpr = False,  # c_ptr and z_ptr are TMA descriptors (_tma_halves)
     DOT_FP32: tl.constexpr = False,  # interpreter only, see _dot_fp32
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -549,8 +578,8 @@ def _matmul(
     """c = epilogue(a @ b): a [M, K] and b [K, N] with any strides, c [M, N] with unit column
     stride; the flags as in _matmul_kernel. config None: TMA_CONFIG for large problems on
     Hopper (_tma_default), else autotune on a GPU; a config with TMA=True: the TMA kernel,
-    where both operands allow it (else the pointer kernel), which also stores c by TMA where c
-    allows it (_tma_store_target) unless the config sets TMA_STORE=False."""
+    where both operands allow it (else the pointer kernel), which also stores c and stores or
+    loads z by TMA where they allow it (_tma_halves) unless the config sets TMA_STORE=False."""
     M, K = a.shape
     N = b.shape[1]
     dummy = c  # never read or written: the constexpr flags switch those pointers off
@@ -604,11 +633,14 @@ def _matmul(
         if tma is None:
             _matmul_fixed[grid](*args, **flags, **kw, NUM_SMS=nsm, **launch)
         else:
-            tma_store = cfg.kwargs.get("TMA_STORE", True) and not (store_z or grad_act)
-            c_desc = _tma_store_target(c, kw) if tma_store else None
-            _matmul_fixed[grid](*tma[:2], c if c_desc is None else c_desc, *args[3:], **flags,
-                                TMA=True, A_T=tma[2], B_T=tma[3], C_TMA=c_desc is not None,
-                                **kw, NUM_SMS=nsm, **launch)
+            c_out, z_out = c, args[4]  # C, and Z if used, by TMA where both allow it
+            if cfg.kwargs.get("TMA_STORE", True):
+                descs = [_tma_halves(t, kw) for t in ((c, z) if store_z or grad_act else (c,))]
+                if None not in descs:
+                    c_out, z_out = descs[0], descs[-1] if len(descs) == 2 else z_out
+            _matmul_fixed[grid](*tma[:2], c_out, args[3], z_out, *args[5:], **flags, TMA=True,
+                                A_T=tma[2], B_T=tma[3], C_TMA=c_out is not c, **kw, NUM_SMS=nsm,
+                                **launch)
     return c
 
 
@@ -645,21 +677,20 @@ def _tma_view(t):
     return None, None
 
 
-def _tma_store_target(c, kw):
-    """A TMA descriptor of c [M, N] with [BLOCK_M, BLOCK_N / 2] boxes (_store_tma), or None if
-    c's rows are not what TMA writes (unit column stride, 16-byte aligned). Not with STORE_Z
-    (Z's whole tile staged as well took 240 KiB of shared memory at three stages, past the 227;
-    Z stored by TMA in halves as well compiled offline for sm_90 to 175 registers, no spills and
-    180 KB, where this pointer-store forward takes 255 registers and spills 2.6 KB a thread; an
-    H200 probe timed it 2.4% faster, bit for bit the same: to adopt once the GPU suite has run
-    it) nor GRAD_ACT (in Triton 3.6 the sigma'(Z) epilogue then spills about 3 KB of registers
-    a thread): those keep pointer stores."""
+def _tma_halves(t, kw):
+    """A TMA descriptor of t [M, N] (C or Z) with [BLOCK_M, BLOCK_N / 2] boxes, or None if t's
+    rows are not what TMA reads and writes (unit column stride, 16-byte aligned). The epilogue
+    moves its tiles in halves (_store_tma, _grad_act_half). Compiled for sm_90 by Triton 3.6 at
+    TMA_CONFIG, that takes the training forward (Z and C stored) from 255 registers and 2.6 KB
+    of spills a thread with pointer stores to 175 registers and none, and the GELU backward
+    epilogue (Z loaded, dZ stored) from 400 B of spills to none; whole-tile staging of Z and C
+    needed 240 KiB of shared memory at three stages, past the 227 (docs/posts/06)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    view, transposed = _tma_view(c)
+    view, transposed = _tma_view(t)
     if view is None or transposed:
         return None
-    return TensorDescriptor.from_tensor(c, [kw["BLOCK_M"], kw["BLOCK_N"] // 2])
+    return TensorDescriptor.from_tensor(t, [kw["BLOCK_M"], kw["BLOCK_N"] // 2])
 
 
 def _tma_operands(a, b, kw):
