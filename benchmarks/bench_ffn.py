@@ -70,7 +70,7 @@ def run(quick: bool) -> list[dict]:
 
     from benchmarks import _harness
     from kernelnotes.ffn import kernel as k
-    from kernelnotes.ffn.figures import SUSTAINED
+    from kernelnotes.ffn.figures import SUSTAINED, TRAINING
 
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -151,31 +151,31 @@ def run(quick: bool) -> list[dict]:
         # The training layers of the FFN block, as FFNFunction runs them: the forward that keeps
         # Z, and the backward's dZ1 = (dY W2) * gelu'(Z1) with db1; the epilogue's Z and output
         # moved by TMA in half tiles (the default) or by pointers, and eager's matmul +
-        # gelu_backward, in the same rounds.
-        W2 = torch.randn(K, N, device=dev, dtype=dt) / math.sqrt(K)
-        dy = torch.randn(M, K, device=dev, dtype=dt)
-        z1 = F.linear(x, W, b)
-        db1 = torch.zeros(N, device=dev, dtype=torch.float32)
-
-        def train(impl, fn):
-            return (dict(op="training layers (interleaved)", impl=impl, **shape), fn, None)
+        # gelu_backward, in the same rounds; the two ways are timed sustained below as well.
+        w2_t = torch.randn(K, N, device=dev, dtype=dt) / math.sqrt(K)
+        dy_t = torch.randn(M, K, device=dev, dtype=dt)
+        z_t = F.linear(x, W, b)
+        db_t = torch.zeros(N, device=dev, dtype=torch.float32)
 
         def dz1(config):
-            return k._matmul(dy, W2, torch.empty_like(z1), z=z1, db=db1, act=2,
+            return k._matmul(dy_t, w2_t, torch.empty_like(z_t), z=z_t, db=db_t, act=2,
                              grad_act=True, config=config)
 
-        _interleaved(rows, [
-            train("torch F.linear (cuBLAS, bias fused)", lambda: F.linear(x, W, b)),
-            train("triton linear_act gelu, store_z",
-                  lambda: k.linear_act_forward(x, W, b, "gelu", store_z=True)),
-            train("triton linear_act gelu, store_z [pointer store]",
-                  lambda: k.linear_act_forward(x, W, b, "gelu", store_z=True, config=ptr_store)),
-            train("torch dY @ W2 + aten.gelu_backward",
-                  lambda: torch.ops.aten.gelu_backward(dy @ W2, z1)),
-            train("triton dZ1 (gelu' epilogue, db1)", lambda: dz1(default)),
-            train("triton dZ1 (gelu' epilogue, db1) [pointer store]", lambda: dz1(ptr_store)),
-        ], flops, rounds=5)
-        del W2, dy, z1, db1
+        training = [
+            (dict(op=TRAINING, impl=impl, **shape), fn, None)
+            for impl, fn in (
+                ("torch F.linear (cuBLAS, bias fused)", lambda: F.linear(x, W, b)),
+                ("triton linear_act gelu, store_z",
+                 lambda: k.linear_act_forward(x, W, b, "gelu", store_z=True)),
+                ("triton linear_act gelu, store_z [pointer store]",
+                 lambda: k.linear_act_forward(x, W, b, "gelu", store_z=True, config=ptr_store)),
+                ("torch dY @ W2 + aten.gelu_backward",
+                 lambda: torch.ops.aten.gelu_backward(dy_t @ w2_t, z_t)),
+                ("triton dZ1 (gelu' epilogue, db1)", lambda: dz1(default)),
+                ("triton dZ1 (gelu' epilogue, db1) [pointer store]", lambda: dz1(ptr_store)),
+            )
+        ]
+        _interleaved(rows, training, flops, rounds=5)
 
     # gated (SwiGLU), same FLOPs: W_gate_up [N, K] -> h [M, N/2]
     H = N // 2
@@ -243,6 +243,8 @@ def run(quick: bool) -> list[dict]:
          ffn_flops),
         (dict(op=SUSTAINED, impl="triton FFNFunction (gelu) (ffn fwd+bwd)", **ffn_shape),
          block[-1][1], ffn_flops),
+        *((dict(op=SUSTAINED, impl=row["impl"], **shape), fn, flops)
+          for row, fn, _ in training[1:]),  # ours both ways, and eager's dZ1
     ]
     for row, fn, row_flops in power:
         try:

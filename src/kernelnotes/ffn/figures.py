@@ -14,6 +14,7 @@ from kernelnotes.ffn import reference as ref
 SMOOTH = ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 UA_WIDTHS = (2, 4, 8, 16, 32, 64, 128, 256)
 SUSTAINED = "sustained 3 s (power)"  # benchmarks/bench_ffn.py: rows timed at the power cap
+TRAINING = "training layers (interleaved)"  # the block's forward and dZ1 layers, both ways
 
 
 def ua_target(x):
