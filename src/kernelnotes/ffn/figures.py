@@ -235,8 +235,8 @@ def table_performance():
         )
     rows = []
     for r in data["rows"]:
-        if r["op"] == SUSTAINED:
-            continue  # table_power
+        if r["op"] in (SUSTAINED, TRAINING):
+            continue  # table_power, table_training
         shape = f"{r.get('M')} x {r.get('K')} x {r.get('N')}"
         if "ms" in r:
             rows.append([r["op"], r["impl"], shape, f"{r['ms']:.3f}", f"{r['tflops']:.0f}"])
@@ -279,3 +279,28 @@ def table_power():
     return _results.markdown_table(
         ["3 s back to back", "ms a call", "TFLOP/s", "power (W)", "SM clock (MHz)",
          "TFLOP/s per GHz", "clock held back by"], out, "lrrrrrl")
+
+
+def table_training():
+    """The training layers of ffn.json (the forward keeping Z, dZ1 with its db1), each timed in
+    interleaved rounds and sustained at the power cap."""
+    try:
+        rows = _results.load("ffn")["rows"]
+    except FileNotFoundError:
+        rows = []
+    capped = {r["impl"]: r for r in rows if r["op"] == SUSTAINED and "ms" in r}
+    out = []
+    for r in rows:
+        if r["op"] != TRAINING:
+            continue
+        if "ms" not in r:
+            out.append([r["impl"], _note(r), "", "", ""])
+            continue
+        c = capped.get(r["impl"])
+        out.append([r["impl"], f"{r['ms']:.3f}", f"{r['tflops']:.0f}",
+                    f"{c['ms']:.3f}" if c else "", f"{c['sm_mhz']:.0f}" if c else ""])
+    if not out:
+        return '!!! note "Results pending"\n    No training-layer rows in `ffn.json` yet.'
+    return _results.markdown_table(
+        ["layer (8192 x 4096 x 16384)", "ms (p50 of rounds)", "TFLOP/s", "ms at the cap (3 s)",
+         "SM clock at the cap (MHz)"], out, "lrrrr")
