@@ -115,6 +115,17 @@ def test_every_output_element_is_written():
         assert rel_err(db, ref_dz.sum(0)) <= tol(torch.float16)
 
 
+def _tma_store_case(k):
+    """The TMA kernel's config (TMA_CONFIG's tile on a GPU, the interpreter's under it) and an
+    [m, kk] x [kk, n] problem whose m and n divide no tile, with n % 8 == 0 so that rows of n
+    bf16 are 16-byte aligned (what a TMA descriptor needs)."""
+    base = k.TMA_CONFIG if ON_GPU else k.INTERPRETER_CONFIG
+    cfg = triton.Config({**base.kwargs, "TMA": True}, num_warps=base.num_warps,
+                        num_stages=base.num_stages)
+    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+    return cfg, (2 * bm + 5, size(40, 776), 2 * bn + bn // 2 + 8)
+
+
 @pytest.mark.parametrize("act, store_z", [("none", False), ("gelu", False), ("gelu", True)])
 def test_tma_store_writes_all_of_c_and_nothing_past_it(act, store_z):
     """The TMA kernel stores C (and Z, for training) by TMA when their rows allow it (_store_tma):
@@ -122,11 +133,7 @@ def test_tma_store_writes_all_of_c_and_nothing_past_it(act, store_z):
     no guard column is; M and N are not multiples of the tile, so the engine must clip both halves
     of edge tiles. Pointer stores of the same tiles (TMA_STORE=False) agree bit for bit."""
     k = kernel()
-    base = k.TMA_CONFIG if ON_GPU else k.INTERPRETER_CONFIG
-    cfg = triton.Config({**base.kwargs, "TMA": True}, num_warps=base.num_warps,
-                        num_stages=base.num_stages)
-    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-    m, kk, n = 2 * bm + 5, size(40, 776), 2 * bn + bn // 2 + 8  # n % 8 == 0: rows 16-byte aligned
+    cfg, (m, kk, n) = _tma_store_case(k)
     x, W, b = (rand(m, kk, dtype=torch.bfloat16, seed=1),
                rand(n, kk, dtype=torch.bfloat16, scale=kk**-0.5, seed=2),
                rand(n, dtype=torch.bfloat16, seed=3))
@@ -170,11 +177,7 @@ def test_tma_grad_act_writes_all_of_dz_and_nothing_past_it():
     column is touched; M and N divide no tile. Pointer loads and stores of the same tiles agree
     bit for bit, and a Z that TMA cannot read takes dZ back to pointers with it."""
     k = kernel()
-    base = k.TMA_CONFIG if ON_GPU else k.INTERPRETER_CONFIG
-    cfg = triton.Config({**base.kwargs, "TMA": True}, num_warps=base.num_warps,
-                        num_stages=base.num_stages)
-    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-    m, kk, n = 2 * bm + 5, size(40, 776), 2 * bn + bn // 2 + 8  # n % 8 == 0: rows 16-byte aligned
+    cfg, (m, kk, n) = _tma_store_case(k)
     da, W2 = rand(m, kk, dtype=torch.bfloat16, seed=1), rand(kk, n, dtype=torch.bfloat16, seed=2)
     z = rand(m, n, dtype=torch.bfloat16, seed=3)
     buf = torch.full((m, n + 8), float("nan"), device=DEVICE, dtype=torch.bfloat16)
