@@ -160,33 +160,31 @@ def _epilogue(
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    if GRAD_ACT and C_TMA:  # a half tile at a time (_grad_act_half)
+    if GRAD_ACT and C_TMA:  # loads Z and stores dZ itself, a half tile at a time
         BM: tl.constexpr = acc.shape[0]
         HALF: tl.constexpr = acc.shape[1] // 2
         left, right = acc.reshape(BM, 2, HALF).permute(0, 2, 1).split()
         _grad_act_half(left, off_m, off_n, N, c_ptr, z_ptr, db_ptr, ACT, ACC_DB)
         _grad_act_half(right, off_m, off_n + HALF, N, c_ptr, z_ptr, db_ptr, ACT, ACC_DB)
-    elif GRAD_ACT:
-        z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :]
-        z = tl.load(z_ptrs, mask=c_mask, other=0.0).to(tl.float32)
-        acc = acc * _act_grad(z, ACT)  # dZ = dA * sigma'(Z); 0 outside C
-        if ACC_DB:
-            _add_column_sums(db_ptr + offs_n, acc, offs_n < N)
     else:
-        if STORE_Z:
-            if C_TMA:
+        if GRAD_ACT:
+            z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :]
+            z = tl.load(z_ptrs, mask=c_mask, other=0.0).to(tl.float32)
+            acc = acc * _act_grad(z, ACT)  # dZ = dA * sigma'(Z); 0 outside C
+            if ACC_DB:
+                _add_column_sums(db_ptr + offs_n, acc, offs_n < N)
+        else:
+            if STORE_Z and C_TMA:
                 _store_tma(z_ptr, acc, off_m, off_n)
-            else:
+            elif STORE_Z:
                 z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :]
                 tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=c_mask)
-        acc = _act(acc, ACT)
-    if GRAD_ACT and C_TMA:
-        pass  # stored by _grad_act_half
-    elif C_TMA:
-        _store_tma(c_ptr, acc, off_m, off_n)
-    else:
-        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+            acc = _act(acc, ACT)
+        if C_TMA:
+            _store_tma(c_ptr, acc, off_m, off_n)
+        else:
+            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
 @triton.jit
