@@ -186,9 +186,26 @@ def _driver() -> str:
         return "unknown"
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, cwd: Path = RESULTS.parent) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, check=True,
-                          cwd=RESULTS.parent).stdout.strip()
+                          cwd=cwd).stdout.strip()
+
+
+def check_commit(commit: str, root: Path = RESULTS.parent.parent) -> str:
+    """The commit a run is labelled with (``--commit``), refused with ValueError if git here
+    knows it and the sources here (``src/``, ``benchmarks/`` but its results) differ from it:
+    a label must name the code that ran. A commit that git here does not know (a copy of the
+    tree without its newest history, as on a lent GPU machine) is taken as given."""
+    try:
+        _git("cat-file", "-e", f"{commit}^{{commit}}", cwd=root)
+    except (OSError, subprocess.SubprocessError):
+        return commit  # nothing here to check it against
+    changed = _git("diff", "--name-only", commit, "--", "src", "benchmarks",
+                   ":(exclude)benchmarks/results", cwd=root).splitlines()
+    if changed:
+        raise ValueError(f"--commit {commit}: the sources here differ from it in "
+                         f"{len(changed)} file(s): {', '.join(changed[:5])}")
+    return commit
 
 
 def _commit() -> str:
@@ -214,7 +231,7 @@ def provenance(commit: str | None = None) -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "commit": commit or _commit(),
+        "commit": _commit() if commit is None else check_commit(commit),
     }
 
 

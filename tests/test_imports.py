@@ -54,3 +54,33 @@ def test_benchmark_provenance_names_the_commit_and_a_dirty_tree():
     if commit != "unknown":
         dirty = bool(_harness._git("status", "--porcelain", "--untracked-files=no"))
         assert commit.endswith("-dirty") == dirty
+
+
+def test_benchmark_commit_label_is_refused_when_the_sources_differ(tmp_path):
+    """--commit names the code that ran: in a repository where that commit's src/ differs from
+    the tree's, the label is refused; the matching commit, a change only to results, and a
+    commit git does not know (a copy without the newest history) are taken."""
+    from benchmarks import _harness
+
+    def git(*args):
+        return _harness._git(*args, cwd=tmp_path)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    kernel, result = tmp_path / "src" / "k.py", tmp_path / "benchmarks" / "results" / "t.json"
+    kernel.write_text("x = 1\n")
+    result.write_text("{}\n")
+    git("add", "-A")
+    git("commit", "-qm", "first")
+    first = git("rev-parse", "HEAD")
+    assert _harness.check_commit(first, tmp_path) == first
+    result.write_text('{"rows": []}\n')  # new results on the same code: still that commit
+    assert _harness.check_commit(first, tmp_path) == first
+    kernel.write_text("x = 2\n")  # the code that runs is no longer the commit's
+    with pytest.raises(ValueError, match=f"--commit {first}: .* 1 file.*src/k.py"):
+        _harness.check_commit(first, tmp_path)
+    unknown = "0123456789abcdef0123456789abcdef01234567"
+    assert _harness.check_commit(unknown, tmp_path) == unknown
