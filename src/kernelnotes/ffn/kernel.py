@@ -161,11 +161,9 @@ def _epilogue(
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     if GRAD_ACT and C_TMA:  # loads Z and stores dZ itself, a half tile at a time
-        BM: tl.constexpr = acc.shape[0]
-        HALF: tl.constexpr = acc.shape[1] // 2
-        left, right = acc.reshape(BM, 2, HALF).permute(0, 2, 1).split()
+        left, right = _column_halves(acc)
         _grad_act_half(left, off_m, off_n, N, c_ptr, z_ptr, db_ptr, ACT, ACC_DB)
-        _grad_act_half(right, off_m, off_n + HALF, N, c_ptr, z_ptr, db_ptr, ACT, ACC_DB)
+        _grad_act_half(right, off_m, off_n + left.shape[1], N, c_ptr, z_ptr, db_ptr, ACT, ACC_DB)
     else:
         if GRAD_ACT:
             z_ptrs = z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :]
@@ -188,15 +186,21 @@ def _epilogue(
 
 
 @triton.jit
+def _column_halves(tile):
+    """A [BM, BN] tile as its left and right [BM, BN / 2] halves, what _tma_halves' boxes hold."""
+    BM: tl.constexpr = tile.shape[0]
+    BN: tl.constexpr = tile.shape[1]
+    return tile.reshape(BM, 2, BN // 2).permute(0, 2, 1).split()
+
+
+@triton.jit
 def _store_tma(c_desc, acc, off_m, off_n):
     """The tile to C by TMA, in two [BM, BN / 2] halves: each goes registers -> shared memory ->
     global while the program moves on (half the staging buffer of one whole-tile store), and
     the engine drops whatever falls outside C, so no masks."""
-    BM: tl.constexpr = acc.shape[0]
-    BN: tl.constexpr = acc.shape[1]
-    left, right = acc.reshape(BM, 2, BN // 2).permute(0, 2, 1).split()
+    left, right = _column_halves(acc)
     c_desc.store([off_m, off_n], left.to(c_desc.dtype))
-    c_desc.store([off_m, off_n + BN // 2], right.to(c_desc.dtype))
+    c_desc.store([off_m, off_n + left.shape[1]], right.to(c_desc.dtype))
 
 
 @triton.jit
