@@ -116,14 +116,16 @@ def test_every_output_element_is_written():
 
 
 def _tma_store_case(k):
-    """The TMA kernel's config (TMA_CONFIG's tile on a GPU, the interpreter's under it) and an
-    [m, kk] x [kk, n] problem whose m and n divide no tile, with n % 8 == 0 so that rows of n
-    bf16 are 16-byte aligned (what a TMA descriptor needs)."""
+    """The TMA kernel's config (TMA_CONFIG's tile on a GPU, the interpreter's under it), its twin
+    with the epilogue's C and Z through pointers (TMA_STORE=False), and an [m, kk] x [kk, n]
+    problem whose m and n divide no tile, with n % 8 == 0 so that rows of n bf16 are 16-byte
+    aligned (what a TMA descriptor needs)."""
     base = k.TMA_CONFIG if ON_GPU else k.INTERPRETER_CONFIG
-    cfg = triton.Config({**base.kwargs, "TMA": True}, num_warps=base.num_warps,
-                        num_stages=base.num_stages)
+    cfg, by_pointers = (triton.Config({**base.kwargs, "TMA": True, "TMA_STORE": store},
+                                      num_warps=base.num_warps, num_stages=base.num_stages)
+                        for store in (True, False))
     bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-    return cfg, (2 * bm + 5, size(40, 776), 2 * bn + bn // 2 + 8)
+    return cfg, by_pointers, (2 * bm + 5, size(40, 776), 2 * bn + bn // 2 + 8)
 
 
 @pytest.mark.parametrize("act, store_z", [("none", False), ("gelu", False), ("gelu", True)])
@@ -133,7 +135,7 @@ def test_tma_store_writes_all_of_c_and_nothing_past_it(act, store_z):
     no guard column is; M and N are not multiples of the tile, so the engine must clip both halves
     of edge tiles. Pointer stores of the same tiles (TMA_STORE=False) agree bit for bit."""
     k = kernel()
-    cfg, (m, kk, n) = _tma_store_case(k)
+    cfg, pointer_cfg, (m, kk, n) = _tma_store_case(k)
     x, W, b = (rand(m, kk, dtype=torch.bfloat16, seed=1),
                rand(n, kk, dtype=torch.bfloat16, scale=kk**-0.5, seed=2),
                rand(n, dtype=torch.bfloat16, seed=3))
@@ -156,9 +158,7 @@ def test_tma_store_writes_all_of_c_and_nothing_past_it(act, store_z):
         assert z_buf.isnan().all()
     (c_ptr, _), (z_ptr, _) = guarded(), guarded()  # TMA_STORE=False: masked pointer stores
     k._matmul(x, W.t(), c_ptr, bias=b, z=z_ptr if store_z else None, act=k._act_code(act),
-              store_z=store_z,
-              config=triton.Config({**cfg.kwargs, "TMA_STORE": False}, num_warps=cfg.num_warps,
-                                   num_stages=cfg.num_stages))
+              store_z=store_z, config=pointer_cfg)
     assert torch.equal(c_ptr, c)
     # rows that TMA cannot write (a row stride of 2n + 2 bytes) fall back to pointer stores
     odd = torch.full((m, n + 1), float("nan"), device=DEVICE, dtype=torch.bfloat16)[:, :n]
@@ -177,7 +177,7 @@ def test_tma_grad_act_writes_all_of_dz_and_nothing_past_it():
     column is touched; M and N divide no tile. Pointer loads and stores of the same tiles agree
     bit for bit, and a Z that TMA cannot read takes dZ back to pointers with it."""
     k = kernel()
-    cfg, (m, kk, n) = _tma_store_case(k)
+    cfg, pointer_cfg, (m, kk, n) = _tma_store_case(k)
     da, W2 = rand(m, kk, dtype=torch.bfloat16, seed=1), rand(kk, n, dtype=torch.bfloat16, seed=2)
     z = rand(m, n, dtype=torch.bfloat16, seed=3)
     buf = torch.full((m, n + 8), float("nan"), device=DEVICE, dtype=torch.bfloat16)
@@ -191,9 +191,7 @@ def test_tma_grad_act_writes_all_of_dz_and_nothing_past_it():
     assert rel_err(dz, ref_dz) <= tol(torch.bfloat16)
     assert rel_err(db, ref_dz.sum(0)) <= tol(torch.bfloat16)
     by_pointers, db_p = torch.full_like(dz, float("nan")), torch.zeros_like(db)
-    k._matmul(da, W2, by_pointers, z=z, db=db_p, act=2, grad_act=True,
-              config=triton.Config({**cfg.kwargs, "TMA_STORE": False}, num_warps=cfg.num_warps,
-                                   num_stages=cfg.num_stages))
+    k._matmul(da, W2, by_pointers, z=z, db=db_p, act=2, grad_act=True, config=pointer_cfg)
     assert torch.equal(by_pointers, dz)
     # db: the same fp32 partial sums, added by atomics in another order: a few roundings apart
     assert rel_err(db_p, db) <= 8 * torch.finfo(torch.float32).eps
