@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 TOPIC = "ffn"
+ENERGY_PASSES = 2
 
 
 def _rel_err(got, ref) -> float:
@@ -70,7 +71,7 @@ def run(quick: bool) -> list[dict]:
 
     from benchmarks import _harness
     from kernelnotes.ffn import kernel as k
-    from kernelnotes.ffn.figures import SUSTAINED, TRAINING
+    from kernelnotes.ffn.figures import ENERGY, SUSTAINED, TRAINING
 
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -252,6 +253,50 @@ def run(quick: bool) -> list[dict]:
             row.update(got, ms=round(got["ms"], 4), tflops=_tflops(got["ms"], row_flops))
         except Exception as e:  # noqa: BLE001 - no nvidia-smi, or no samples: say so
             row["skipped"] = f"{type(e).__name__}: {e}"[:400]
+        _record(rows, row)
+
+    # ---- what the epilogue's activation costs at the cap: our kernel with each activation and
+    # cuBLAS, each sustained 3 s, in ENERGY_PASSES passes in turn (A B C .., A B C ..) so that a
+    # drift of the board falls on all; energy a call = ms x W. Beside each, the SASS
+    # instructions the activation adds per output element (benchmarks/_epilogue_sass.py).
+    try:
+        from benchmarks._epilogue_sass import instructions_per_element
+
+        instr = instructions_per_element()
+    except Exception as e:  # noqa: BLE001 - no cuobjdump: the energies still stand
+        instr, instr_error = {}, f"{type(e).__name__}: {e}"[:400]
+    else:
+        instr_error = None
+    energy = [(dict(op=ENERGY, impl="torch F.linear (cuBLAS, bias fused)", **shape),
+               lambda: F.linear(x, W, b))]
+    for act in k.ACTIVATIONS:
+        row = dict(op=ENERGY, impl=f"triton linear_act {act}", activation=act, **shape)
+        if act in instr:
+            row["sass_per_element"] = instr[act]
+        elif instr_error:
+            row["sass_error"] = instr_error
+        energy.append((row, lambda act=act: k.linear_act_forward(x, W, b, act)[0]))
+    for _ in range(ENERGY_PASSES):
+        for row, fn in energy:
+            try:
+                got = _harness.sustained(fn)
+            except Exception as e:  # noqa: BLE001 - no nvidia-smi, or no samples: say so
+                row["skipped"] = f"{type(e).__name__}: {e}"[:400]
+                continue
+            row.setdefault("passes", []).append(
+                {key: got[key] for key in ("ms", "power_w", "sm_mhz", "clock_reasons")})
+    for row, _ in energy:
+        passes = row.get("passes", [])
+        if len(passes) == ENERGY_PASSES:
+            row.pop("skipped", None)
+            ms = sum(p["ms"] for p in passes) / len(passes)
+            joules = [p["ms"] * p["power_w"] / 1e3 for p in passes]
+            row.update(ms=round(ms, 4), tflops=_tflops(ms, flops),
+                       joules=round(sum(joules) / len(joules), 4),
+                       joules_passes=[round(j, 4) for j in joules],
+                       power_w=round(sum(p["power_w"] for p in passes) / len(passes), 1),
+                       sm_mhz=sum(p["sm_mhz"] for p in passes) / len(passes),
+                       clock_reasons=sorted({c for p in passes for c in p["clock_reasons"]}))
         _record(rows, row)
     return rows
 

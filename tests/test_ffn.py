@@ -723,6 +723,31 @@ def test_counts():
     assert math.isclose(3 * d * (8 * d / 3), 2 * d * (4 * d))  # SwiGLU at h = 8d/3 keeps 8 d^2
 
 
+def test_epilogue_instruction_counts_compile_for_sm90_without_a_gpu():
+    """benchmarks/_epilogue_sass.py, which the benchmark's energy rows cite: _act alone, compiled
+    for sm_90 in a process without the interpreter, adds no instruction for the identity, and
+    the GELU costs what _normal_cdf says: one reciprocal and one exp2 (MUFU), and more than
+    SiLU's sigmoid."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root)])
+    code = ("import json; from benchmarks._epilogue_sass import instructions_per_element as f; "
+            "print(json.dumps(f()))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(got) == set(ref.ACTIVATIONS) - {"sigmoid", "tanh"}
+    assert got["none"] == {"total": 0.0}
+    assert got["gelu"]["MUFU"] == 2.0 and got["silu"]["MUFU"] == 2.0
+    assert 0 < got["silu"]["total"] < got["gelu"]["total"] < 30
+
+
 # ------------------------------------------------------------------------------- GPU, full size
 @pytest.mark.gpu
 def test_full_size_gelu_autotuned():

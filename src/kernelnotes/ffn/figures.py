@@ -15,6 +15,7 @@ SMOOTH = ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 UA_WIDTHS = (2, 4, 8, 16, 32, 64, 128, 256)
 SUSTAINED = "sustained 3 s (power)"  # benchmarks/bench_ffn.py: rows timed at the power cap
 TRAINING = "training layers (interleaved)"  # the block's forward and dZ1 layers, both ways
+ENERGY = "energy at the cap, by activation"  # each activation sustained 3 s, with its SASS count
 
 
 def ua_target(x):
@@ -235,8 +236,8 @@ def table_performance():
         )
     rows = []
     for r in data["rows"]:
-        if r["op"] in (SUSTAINED, TRAINING):
-            continue  # table_power, table_training
+        if r["op"] in (SUSTAINED, TRAINING, ENERGY):
+            continue  # table_power, table_training, table_energy
         shape = f"{r.get('M')} x {r.get('K')} x {r.get('N')}"
         if "ms" in r:
             rows.append([r["op"], r["impl"], shape, f"{r['ms']:.3f}", f"{r['tflops']:.0f}"])
@@ -304,3 +305,50 @@ def table_training():
     return _results.markdown_table(
         ["layer (8192 x 4096 x 16384)", "ms (p50 of rounds)", "TFLOP/s", "ms at the cap (3 s)",
          "SM clock at the cap (MHz)"], out, "lrrrr")
+
+
+def energy_fit(rows: list[dict]) -> dict:
+    """What an activation costs at the power cap, from the ENERGY rows of ffn.json: energies a
+    call (J) of cuBLAS and of our kernel with each activation, and the least-squares slope of
+    E(a) - E(none) against the SASS instructions a element n(a) that the activation adds,
+    through the origin (n(none) = 0): slope = sum dE n / sum n^2, J per (instruction a element).
+    break_even: the instructions a element at which our fused layer would take cuBLAS's energy,
+    i.e. its time at the cap (negative: never)."""
+    got = {r["impl"]: r for r in rows if r["op"] == ENERGY and "joules" in r}
+    ours = {r["activation"]: r for r in got.values() if "activation" in r}
+    cublas = got["torch F.linear (cuBLAS, bias fused)"]["joules"]
+    base = ours["none"]["joules"]
+    counted = {a: r for a, r in ours.items() if r.get("sass_per_element", {}).get("total", 0) > 0}
+    n = np.array([r["sass_per_element"]["total"] for r in counted.values()])
+    de = np.array([r["joules"] - base for r in counted.values()])
+    slope = float(de @ n / (n @ n))
+    return {"cublas": cublas, "none": base, "slope": slope, "break_even": (cublas - base) / slope,
+            "joules": {a: r["joules"] for a, r in ours.items()},
+            "instructions": {a: r.get("sass_per_element", {}).get("total")
+                             for a, r in ours.items()}}
+
+
+def table_energy():
+    """The ENERGY rows: each activation's instructions a element, and its time, clock and energy
+    a call at the cap, against the fit of energy on instructions."""
+    try:
+        rows = _results.load("ffn")["rows"]
+        fit = energy_fit(rows)
+    except (FileNotFoundError, KeyError, ZeroDivisionError):
+        return '!!! note "Results pending"\n    No energy rows in `ffn.json` yet.'
+    cublas_ms = next(r["ms"] for r in rows if r["op"] == ENERGY and "activation" not in r)
+    out = []
+    for r in rows:
+        if r["op"] != ENERGY or "joules" not in r:
+            continue
+        act = r.get("activation")
+        n = fit["instructions"].get(act) if act else None
+        extra = (f"{1e3 * (r['joules'] - fit['none']):+.1f}" if act else "")
+        model = f"{1e3 * fit['slope'] * n:+.1f}" if n is not None else ""
+        out.append([r["impl"], "" if n is None else f"{n:.1f}", f"{r['ms']:.3f}",
+                    f"{r['sm_mhz']:.0f}", f"{r['joules']:.3f}", extra, model,
+                    f"{cublas_ms / r['ms']:.3f}x"])
+    return _results.markdown_table(
+        ["8192 x 4096 x 16384, 3 s back to back", "SASS instructions a element",
+         "ms a call", "SM clock (MHz)", "energy a call (J)", "over bias only (mJ)",
+         "fit (mJ)", "cuBLAS ms / ms"], out, "lrrrrrrr")
