@@ -40,12 +40,13 @@ def _record(rows: list[dict], row: dict) -> None:
     print({kk: v for kk, v in row.items() if kk not in ("K", "N")}, flush=True)
 
 
-def _interleaved(rows: list[dict], entries: list, flops, rounds: int) -> None:
+def _interleaved(rows: list[dict], entries: list, flops, rounds: int, **timing) -> None:
     """Time entries [(row, fn, check or None)] in interleaved rounds (A B C ..., A B C ...,
     medians; benchmarks._harness.bench_interleaved), after checking each check(fn()) into its row.
     Peers of one target share the rounds: cuBLAS's rate moved by 3% between H200 runs, and timed
     one after another a drift would fall on one row only. flops: a row's FLOPs, or a function of
-    the row that gives them. A failure is recorded, not raised."""
+    the row that gives them. timing: bench_interleaved's warmup_ms and rep_ms. A failure is
+    recorded, not raised."""
     from benchmarks._harness import bench_interleaved
 
     timed = {}
@@ -57,7 +58,7 @@ def _interleaved(rows: list[dict], entries: list, flops, rounds: int) -> None:
             timed[i] = fn
         except Exception as e:  # noqa: BLE001 - one GPU shot: keep the other rows
             row["error"] = f"{type(e).__name__}: {e}"[:400]
-    for i, quantiles in bench_interleaved(timed, rounds=rounds).items():
+    for i, quantiles in bench_interleaved(timed, rounds=rounds, **timing).items():
         row = entries[i][0]
         row.update(_timing(*quantiles, flops(row) if callable(flops) else flops))
     for row, _, _ in entries:
@@ -226,7 +227,8 @@ def run(quick: bool) -> list[dict]:
     block.append((dict(op="ffn fwd+bwd", impl="triton FFNFunction (gelu)", config=str(default),
                        **ffn_shape),
                   step(lambda *p: k.ffn(*p, "gelu", config=cfg)), vs_autograd))
-    _interleaved(rows, block, ffn_flops, rounds)
+    # a step takes ~10 ms: rounds of 300 ms give each ~30 calls (70 ms, the default, gave 7)
+    _interleaved(rows, block, ffn_flops, rounds, warmup_ms=100, rep_ms=300)
     if quick:
         rows.append(dict(op="ffn fwd+bwd", impl="torch.compile", skipped="quick run", **ffn_shape))
         return rows
