@@ -748,6 +748,32 @@ def test_epilogue_instruction_counts_compile_for_sm90_without_a_gpu():
     assert 0 < got["silu"]["total"] < got["gelu"]["total"] < 30
 
 
+
+def test_energy_fit_is_the_least_squares_line_through_the_bias_only_kernel():
+    """figures.energy_fit on energy rows made from a known line, E(a) = E0 + s n(a) plus noise
+    that sums to zero against n: it gives back s, and break_even = (E_cublas - E0) / s; rows
+    without a counted activation are refused."""
+    from kernelnotes.ffn.figures import ENERGY, energy_fit
+
+    e0, s, n = 1.17, 3.5e-3, {"relu": 0.0, "silu": 13.0, "gelu_tanh": 17.0, "gelu": 18.5}
+    wiggle = np.array([0.0, 2e-3, -1e-3, 0.0])
+    wiggle[3] = -(wiggle[1] * n["silu"] + wiggle[2] * n["gelu_tanh"]) / n["gelu"]  # _|_ n
+    rows = [dict(op=ENERGY, impl="torch F.linear (cuBLAS, bias fused)", joules=e0 + 0.035),
+            dict(op=ENERGY, impl="triton linear_act none", activation="none", joules=e0,
+                 sass_per_element={"total": 0.0}),
+            dict(op="forward", impl="triton linear_act gelu", joules=99.0)]  # not an energy row
+    for (act, count), w in zip(n.items(), wiggle, strict=True):
+        rows.append(dict(op=ENERGY, impl=f"triton linear_act {act}", activation=act,
+                         joules=e0 + s * count + w, sass_per_element={"total": count}))
+    fit = energy_fit(rows)
+    assert math.isclose(fit["slope"], s, rel_tol=1e-12)
+    assert math.isclose(fit["break_even"], 0.035 / s, rel_tol=1e-12)
+    assert fit["instructions"] == {"none": 0.0, **n} and fit["cublas"] == e0 + 0.035
+    for r in rows[3:]:
+        r.pop("sass_per_element")
+    with pytest.raises(ValueError, match="counted activation"):
+        energy_fit(rows)
+
 # ------------------------------------------------------------------------------- GPU, full size
 @pytest.mark.gpu
 def test_full_size_gelu_autotuned():

@@ -313,12 +313,15 @@ def energy_fit(rows: list[dict]) -> dict:
     E(a) - E(none) against the SASS instructions a element n(a) that the activation adds,
     through the origin (n(none) = 0): slope = sum dE n / sum n^2, J per (instruction a element).
     break_even: the instructions a element at which our fused layer would take cuBLAS's energy,
-    i.e. its time at the cap (negative: never)."""
+    i.e. its time at the cap (negative: never). KeyError without cuBLAS's or the bias-only row,
+    ValueError without a counted activation."""
     got = {r["impl"]: r for r in rows if r["op"] == ENERGY and "joules" in r}
     ours = {r["activation"]: r for r in got.values() if "activation" in r}
     cublas = got["torch F.linear (cuBLAS, bias fused)"]["joules"]
     base = ours["none"]["joules"]
     counted = {a: r for a, r in ours.items() if r.get("sass_per_element", {}).get("total", 0) > 0}
+    if not counted:
+        raise ValueError("no energy row with a counted activation (sass_per_element)")
     n = np.array([r["sass_per_element"]["total"] for r in counted.values()])
     de = np.array([r["joules"] - base for r in counted.values()])
     slope = float(de @ n / (n @ n))
@@ -334,7 +337,7 @@ def table_energy():
     try:
         rows = _results.load("ffn")["rows"]
         fit = energy_fit(rows)
-    except (FileNotFoundError, KeyError, ZeroDivisionError):
+    except (FileNotFoundError, KeyError, ValueError):
         return '!!! note "Results pending"\n    No energy rows in `ffn.json` yet.'
     cublas_ms = next(r["ms"] for r in rows if r["op"] == ENERGY and "activation" not in r)
     out = []
