@@ -65,6 +65,20 @@ def _interleaved(rows: list[dict], entries: list, flops, rounds: int, **timing) 
         _record(rows, row)
 
 
+def _pingpong():
+    """kernelnotes.ffn.pingpong.linear_act_pingpong, or a stand-in that raises why it cannot run
+    (a GPU other than Hopper, or a Triton whose Gluon lacks what it needs): its rows then say so."""
+    try:
+        from kernelnotes.ffn.pingpong import linear_act_pingpong
+    except Exception as e:  # noqa: BLE001 - the other rows still stand
+        error = e
+
+        def linear_act_pingpong(*args):
+            raise error
+
+    return linear_act_pingpong
+
+
 def run(quick: bool) -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -73,6 +87,8 @@ def run(quick: bool) -> list[dict]:
     from benchmarks import _harness
     from kernelnotes.ffn import kernel as k
     from kernelnotes.ffn.figures import ENERGY, SUSTAINED, TRAINING
+
+    pingpong = _pingpong()
 
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -147,6 +163,11 @@ def run(quick: bool) -> list[dict]:
                                   num_warps=default.num_warps, num_stages=default.num_stages)
         probe.append((at("triton linear_act gelu [pointer store]", M),
                       lambda: k.linear_act_forward(x, W, b, "gelu", config=ptr_store)[0], None))
+        # the same epilogue with the ping-pong schedule (kernelnotes.ffn.pingpong, Gluon):
+        # two MMA warpgroups take turns, so that one's epilogue hides under the other's wgmmas
+        for act in ("gelu", "none"):
+            probe.append((at(f"gluon linear_act_pingpong {act}", M),
+                          lambda act=act: pingpong(x, W, b, act), None))
         _interleaved(rows, probe, lambda r: 2 * r["M"] * N * K, rounds=5)
         del xs_by_m, probe
 
@@ -271,13 +292,17 @@ def run(quick: bool) -> list[dict]:
         instr_error = None
     energy = [(dict(op=ENERGY, impl="torch F.linear (cuBLAS, bias fused)", **shape),
                lambda: F.linear(x, W, b))]
-    for act in k.ACTIVATIONS:
-        row = dict(op=ENERGY, impl=f"triton linear_act {act}", activation=act, **shape)
+    layers = [("triton linear_act", act, lambda act=act: k.linear_act_forward(x, W, b, act)[0])
+              for act in k.ACTIVATIONS]
+    layers += [("gluon linear_act_pingpong", act, lambda act=act: pingpong(x, W, b, act))
+               for act in ("none", "gelu")]  # the same epilogue, hidden under the wgmmas
+    for kernel_name, act, fn in layers:
+        row = dict(op=ENERGY, impl=f"{kernel_name} {act}", activation=act, **shape)
         if act in instr:
             row["sass_per_element"] = instr[act]
         elif instr_error:
             row["sass_error"] = instr_error
-        energy.append((row, lambda act=act: k.linear_act_forward(x, W, b, act)[0]))
+        energy.append((row, fn))
     for _ in range(ENERGY_PASSES):
         for row, fn in energy:
             try:

@@ -2,7 +2,7 @@
 gradient check) and fused Triton linear layers (matmul + bias + activation) with their backward.
 
 The Triton names (``linear_act``, ``linear_swiglu``, ``ffn``, ``FeedForward``, ...) import torch
-and triton on first use only.
+and triton on first use only; ``linear_act_pingpong`` is a design study in Gluon (pingpong.py).
 """
 
 from kernelnotes._lazy import lazy_exports
@@ -41,7 +41,10 @@ __all__ = [
     "swiglu_ffn_forward",
     "worked_example",
     *_KERNEL_NAMES,
+    "linear_act_pingpong",
 ]
 
 
-__getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})
+__getattr__ = lazy_exports(
+    __name__, {"kernel": _KERNEL_NAMES, "pingpong": ("linear_act_pingpong",)}
+)

@@ -16,6 +16,7 @@ UA_WIDTHS = (2, 4, 8, 16, 32, 64, 128, 256)
 SUSTAINED = "sustained 3 s (power)"  # benchmarks/bench_ffn.py: rows timed at the power cap
 TRAINING = "training layers (interleaved)"  # the block's forward and dZ1 layers, both ways
 ENERGY = "energy at the cap, by activation"  # each activation sustained 3 s, with its SASS count
+LINEAR_ACT = "triton linear_act "  # the energy rows of linear_act, "<LINEAR_ACT><activation>"
 
 
 def ua_target(x):
@@ -316,7 +317,7 @@ def energy_fit(rows: list[dict]) -> dict:
     i.e. its time at the cap (negative: never). KeyError without cuBLAS's or the bias-only row,
     ValueError without a counted activation."""
     got = {r["impl"]: r for r in rows if r["op"] == ENERGY and "joules" in r}
-    ours = {r["activation"]: r for r in got.values() if "activation" in r}
+    ours = {r["activation"]: r for r in got.values() if r["impl"].startswith(LINEAR_ACT)}
     cublas = got["torch F.linear (cuBLAS, bias fused)"]["joules"]
     base = ours["none"]["joules"]
     counted = {a: r for a, r in ours.items() if r.get("sass_per_element", {}).get("total", 0) > 0}
@@ -332,26 +333,29 @@ def energy_fit(rows: list[dict]) -> dict:
 
 
 def table_energy():
-    """The ENERGY rows: each activation's instructions a element, and its time, clock and energy
-    a call at the cap, against the fit of energy on instructions."""
+    """The ENERGY rows: each activation's instructions a element, and each layer's time, clock
+    and energy a call at the cap; the energy over the same kernel's bias-only row, against the
+    fit of linear_act's energies on instructions (energy_fit)."""
     try:
         rows = _results.load("ffn")["rows"]
         fit = energy_fit(rows)
     except (FileNotFoundError, KeyError, ValueError):
         return '!!! note "Results pending"\n    No energy rows in `ffn.json` yet.'
-    cublas_ms = next(r["ms"] for r in rows if r["op"] == ENERGY and "activation" not in r)
+    energy = [r for r in rows if r["op"] == ENERGY and "joules" in r]
+    by_impl = {r["impl"]: r for r in energy}
+    cublas_ms = by_impl["torch F.linear (cuBLAS, bias fused)"]["ms"]
     out = []
-    for r in rows:
-        if r["op"] != ENERGY or "joules" not in r:
-            continue
+    for r in energy:
         act = r.get("activation")
         n = fit["instructions"].get(act) if act else None
-        extra = (f"{1e3 * (r['joules'] - fit['none']):+.1f}" if act else "")
+        base = by_impl.get(r["impl"].removesuffix(act) + "none") if act else None
+        extra = f"{1e3 * (r['joules'] - base['joules']):+.1f}" if base else ""
         model = f"{1e3 * fit['slope'] * n:+.1f}" if n is not None else ""
         out.append([r["impl"], "" if n is None else f"{n:.1f}", f"{r['ms']:.3f}",
                     f"{r['sm_mhz']:.0f}", f"{r['joules']:.3f}", extra, model,
                     f"{cublas_ms / r['ms']:.3f}x"])
     return _results.markdown_table(
         ["8192 x 4096 x 16384, 3 s back to back", "SASS instructions a element",
-         "ms a call", "SM clock (MHz)", "energy a call (J)", "over bias only (mJ)",
-         "fit (mJ)", "cuBLAS ms / ms"], out, "lrrrrrrr")
+         "ms a call", "SM clock (MHz)", "energy a call (J)",
+         "over the same kernel's bias only (mJ)", "fit (mJ)", "cuBLAS ms / ms"], out,
+        "lrrrrrrr")
