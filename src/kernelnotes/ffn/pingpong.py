@@ -29,7 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from kernelnotes.ffn.kernel import _act, _act_code, _check_linear, _tile_coords
 
-# Triton 3.9 renamed Hopper's TMA load (async_copy_global_to_shared -> async_load)
+# Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
+# (3.9 has only the new name)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 BLOCK_M, BLOCK_N, BLOCK_K = 128, 128, 64  # one warpgroup's tile: 128 fp32 accumulators a thread
