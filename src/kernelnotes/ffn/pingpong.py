@@ -16,7 +16,6 @@ Needs a Hopper GPU: Gluon kernels do not run in Triton's interpreter.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -27,7 +26,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernelnotes.ffn.kernel import _act, _act_code, _check_linear, _tile_coords
+from kernelnotes._grid import cdiv
+from kernelnotes.ffn.kernel import (
+    _act,
+    _act_code,
+    _check_linear,
+    _num_programs,
+    _tile_coords,
+    _tma_view,
+)
 
 # Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
 # (3.9 has only the new name)
@@ -176,7 +183,8 @@ def linear_act_pingpong(x, weight, bias=None, activation="gelu"):
         raise TypeError(f"x has dtype {x.dtype}: linear_act_pingpong takes bfloat16 or float16")
     _check_linear(x, weight, bias)
     for name, t in (("x", x), ("weight", weight)):
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+        view, transposed = _tma_view(t)
+        if view is None or transposed:  # the descriptors below read t as stored
             raise ValueError(f"{name} has strides {tuple(t.stride())} from address "
                              f"{t.data_ptr():#x}: a TMA descriptor needs unit stride along K, "
                              "and its start and rows 16-byte aligned")
@@ -194,8 +202,7 @@ def linear_act_pingpong(x, weight, bias=None, activation="gelu"):
     b_desc = TensorDescriptor.from_tensor(
         weight, [BLOCK_N, BLOCK_K],
         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dtype))
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    programs = min(sms, triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N))
+    programs = _num_programs(x.device, cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N))
     _pingpong_kernel[(programs,)](
         a_desc, b_desc, y, y if bias is None else bias, M, N, K, y.stride(0),
         ACT=act, HAS_BIAS=bias is not None, GROUP_M=8, NUM_SMS=programs, STAGES=STAGES,
