@@ -723,11 +723,10 @@ def test_counts():
     assert math.isclose(3 * d * (8 * d / 3), 2 * d * (4 * d))  # SwiGLU at h = 8d/3 keeps 8 d^2
 
 
-def test_epilogue_instruction_counts_compile_for_sm90_without_a_gpu():
-    """benchmarks/_epilogue_sass.py, which the benchmark's energy rows cite: _act alone, compiled
-    for sm_90 in a process without the interpreter, adds no instruction for the identity, and
-    the GELU costs what _normal_cdf says: one reciprocal and one exp2 (MUFU), and more than
-    SiLU's sigmoid."""
+def _compiled_offline(code: str):
+    """The JSON that python code prints last, run in a process without the interpreter
+    (TRITON_INTERPRET unset), with src/ and the repository on its path: where triton.compile can
+    build sm_90 code on a machine without a GPU."""
     import json
     import os
     import subprocess
@@ -737,16 +736,22 @@ def test_epilogue_instruction_counts_compile_for_sm90_without_a_gpu():
     root = Path(__file__).resolve().parent.parent
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root)])
-    code = ("import json; from benchmarks._epilogue_sass import instructions_per_element as f; "
-            "print(json.dumps(f()))")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_epilogue_instruction_counts_compile_for_sm90_without_a_gpu():
+    """benchmarks/_epilogue_sass.py, which the benchmark's energy rows cite: _act alone, compiled
+    for sm_90 in a process without the interpreter, adds no instruction for the identity, and
+    the GELU costs what _normal_cdf says: one reciprocal and one exp2 (MUFU), and more than
+    SiLU's sigmoid."""
+    got = _compiled_offline("import json; from benchmarks._epilogue_sass import "
+                            "instructions_per_element as f; print(json.dumps(f()))")
     assert set(got) == set(ref.ACTIVATIONS) - {"sigmoid", "tanh"}
     assert got["none"] == {"total": 0.0}
     assert got["gelu"]["MUFU"] == 2.0 and got["silu"]["MUFU"] == 2.0
     assert 0 < got["silu"]["total"] < got["gelu"]["total"] < 30
-
 
 
 def test_energy_fit_is_the_least_squares_line_through_the_bias_only_kernel():
@@ -798,15 +803,6 @@ def test_pingpong_compiles_for_sm90_without_a_gpu():
     GELU and without an activation): three partitions in 12 warps (the loader's warp padded to a
     warpgroup), setmaxnreg giving the MMA warpgroups 232 registers and the loader 40, and six
     32 KiB operand stages within the 227 KiB of shared memory a block may have."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root)])
     code = r"""
 import json, re, triton
 from triton.backends.compiler import GPUTarget
@@ -826,9 +822,7 @@ for act in (0, 2):
                     regs=sorted({int(r) for r in regs}))
 print(json.dumps(out))
 """
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _compiled_offline(code)
     stage = (128 + 128) * 64 * 2
     for act in ("0", "2"):
         assert got[act]["warps"] == 12 and {232, 40} <= set(got[act]["regs"])
