@@ -780,6 +780,30 @@ def test_energy_fit_is_the_least_squares_line_through_the_bias_only_kernel():
         energy_fit(rows)
 
 
+def test_table_energy_prices_only_the_rows_its_fit_is_made_from(monkeypatch):
+    """table_energy: every row's energy over its own kernel's bias-only row; the fitted price
+    only beside linear_act's rows (energy_fit leaves the ping-pong rows out)."""
+    from kernelnotes import _results
+    from kernelnotes.ffn import figures
+    from kernelnotes.ffn.figures import ENERGY
+
+    n = {"none": 0.0, "relu": 0.0, "silu": 13.0, "gelu": 18.5}
+    rows = [dict(op=ENERGY, impl="torch F.linear (cuBLAS, bias fused)", joules=1.2, ms=1.7,
+                 sm_mhz=1455.0)]
+    kernels = (("triton linear_act", 1.19, 4e-3), ("gluon linear_act_pingpong", 1.2, 1e-2))
+    for kernel, e0, per in kernels:
+        for act, count in n.items():
+            rows.append(dict(op=ENERGY, impl=f"{kernel} {act}", activation=act, ms=1.7,
+                             sm_mhz=1500.0, joules=e0 + per * count,
+                             sass_per_element={"total": count}))
+    monkeypatch.setattr(_results, "load", lambda topic: {"rows": rows})
+    lines = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in figures.table_energy().splitlines()[2:]}
+    assert lines["triton linear_act gelu"][4:6] == ["+74.0", "+74.0"]  # 18.5 x 4 mJ, fitted
+    assert lines["gluon linear_act_pingpong gelu"][4:6] == ["+185.0", ""]  # measured, no fit
+    assert lines["torch F.linear (cuBLAS, bias fused)"][4:6] == ["", ""]
+
+
 # ---------------------------------------------------------------- ping-pong design study (Gluon)
 def pingpong():
     from kernelnotes.ffn import pingpong as pp

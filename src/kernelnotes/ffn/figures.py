@@ -334,8 +334,8 @@ def energy_fit(rows: list[dict]) -> dict:
 
 def table_energy():
     """The ENERGY rows: each activation's instructions a element, and each layer's time, clock
-    and energy a call at the cap; the energy over the same kernel's bias-only row, against the
-    fit of linear_act's energies on instructions (energy_fit)."""
+    and energy a call at the cap; the energy over the same kernel's bias-only row, and for
+    linear_act's rows (the only ones energy_fit is made from) what the fit prices it at."""
     try:
         rows = _results.load("ffn")["rows"]
         fit = energy_fit(rows)
@@ -350,12 +350,13 @@ def table_energy():
         n = fit["instructions"].get(act) if act else None
         base = by_impl.get(r["impl"].removesuffix(act) + "none") if act else None
         extra = f"{1e3 * (r['joules'] - base['joules']):+.1f}" if base else ""
-        model = f"{1e3 * fit['slope'] * n:+.1f}" if n is not None else ""
+        fitted = n is not None and r["impl"].startswith(LINEAR_ACT)
+        model = f"{1e3 * fit['slope'] * n:+.1f}" if fitted else ""
         out.append([r["impl"], "" if n is None else f"{n:.1f}", f"{r['ms']:.3f}",
                     f"{r['sm_mhz']:.0f}", f"{r['joules']:.3f}", extra, model,
                     f"{cublas_ms / r['ms']:.3f}x"])
     return _results.markdown_table(
         ["8192 x 4096 x 16384, 3 s back to back", "SASS instructions a element",
          "ms a call", "SM clock (MHz)", "energy a call (J)",
-         "over the same kernel's bias only (mJ)", "fit (mJ)", "cuBLAS ms / ms"], out,
+         "over the same kernel's bias only (mJ)", "linear_act's fit (mJ)", "cuBLAS ms / ms"], out,
         "lrrrrrrr")
