@@ -347,7 +347,7 @@ def table_energy():
     out = []
     for r in energy:
         act = r.get("activation")
-        n = fit["instructions"].get(act) if act else None
+        n = r.get("sass_per_element", {}).get("total")  # the row's own count
         base = by_impl.get(r["impl"].removesuffix(act) + "none") if act else None
         extra = f"{1e3 * (r['joules'] - base['joules']):+.1f}" if base else ""
         fitted = n is not None and r["impl"].startswith(LINEAR_ACT)
