@@ -637,9 +637,10 @@ def _matmul(
         else:
             c_out, z_out = c, args[4]  # C, and Z if used, by TMA where both allow it
             if cfg.kwargs.get("TMA_STORE", True):
-                descs = [_tma_halves(t, kw) for t in ((c, z) if store_z or grad_act else (c,))]
+                moved = (c, z) if store_z or grad_act else (c,)
+                descs = [_tma_halves(t, kw) for t in moved]
                 if None not in descs:
-                    c_out, z_out = descs[0], descs[-1] if len(descs) == 2 else z_out
+                    c_out, z_out = descs if len(descs) == 2 else (descs[0], z_out)
             _matmul_fixed[grid](*tma[:2], c_out, args[3], z_out, *args[5:], **flags, TMA=True,
                                 A_T=tma[2], B_T=tma[3], C_TMA=c_out is not c, **kw, NUM_SMS=nsm,
                                 **launch)
