@@ -86,7 +86,7 @@ def run(quick: bool) -> list[dict]:
 
     from benchmarks import _harness
     from kernelnotes.ffn import kernel as k
-    from kernelnotes.ffn.figures import ENERGY, SUSTAINED, TRAINING
+    from kernelnotes.ffn.figures import CUBLAS, ENERGY, SUSTAINED, TRAINING
 
     pingpong = _pingpong()
 
@@ -124,7 +124,7 @@ def run(quick: bool) -> list[dict]:
     rounds = 3 if quick else 5
     default = cfg if quick else k._default_config(x, W.t(), torch.empty(M, N, device=dev, dtype=dt))
     fwd = [
-        (dict(op="forward", impl="torch F.linear (cuBLAS, bias fused)", **shape),
+        (dict(op="forward", impl=CUBLAS, **shape),
          lambda: F.linear(x, W, b), None),
         (dict(op="forward", impl="torch eager F.gelu(F.linear)", **shape),
          lambda: F.gelu(F.linear(x, W, b)), None),
@@ -151,7 +151,7 @@ def run(quick: bool) -> list[dict]:
 
         probe = []
         for m, xm in xs_by_m.items():
-            probe.append((at("torch F.linear (cuBLAS, bias fused)", m),
+            probe.append((at(CUBLAS, m),
                           lambda xm=xm: F.linear(xm, W, b), None))
             probe.append((at("triton linear_act gelu", m),
                           lambda xm=xm: k.linear_act_forward(xm, W, b, "gelu")[0], None))
@@ -187,7 +187,7 @@ def run(quick: bool) -> list[dict]:
         training = [
             (dict(op=TRAINING, impl=impl, **shape), fn, None)
             for impl, fn in (
-                ("torch F.linear (cuBLAS, bias fused)", lambda: F.linear(x, W, b)),
+                (CUBLAS, lambda: F.linear(x, W, b)),
                 ("triton linear_act gelu, store_z",
                  lambda: k.linear_act_forward(x, W, b, "gelu", store_z=True)),
                 ("triton linear_act gelu, store_z [pointer store]",
@@ -257,7 +257,7 @@ def run(quick: bool) -> list[dict]:
     # ---- the regime of these timings: each layer back to back for 3 s, power and clock sampled
     # by nvidia-smi. At the power cap the clock is what the cap allows, and time is energy / cap.
     power = [
-        (dict(op=SUSTAINED, impl="torch F.linear (cuBLAS, bias fused)", **shape),
+        (dict(op=SUSTAINED, impl=CUBLAS, **shape),
          lambda: F.linear(x, W, b), flops),
         (dict(op=SUSTAINED, impl="triton linear_act gelu", **shape),
          lambda: k.linear_act_forward(x, W, b, "gelu")[0], flops),
@@ -290,7 +290,7 @@ def run(quick: bool) -> list[dict]:
         instr, instr_error = {}, f"{type(e).__name__}: {e}"[:400]
     else:
         instr_error = None
-    energy = [(dict(op=ENERGY, impl="torch F.linear (cuBLAS, bias fused)", **shape),
+    energy = [(dict(op=ENERGY, impl=CUBLAS, **shape),
                lambda: F.linear(x, W, b))]
     layers = [("triton linear_act", act, lambda act=act: k.linear_act_forward(x, W, b, act)[0])
               for act in k.ACTIVATIONS]
