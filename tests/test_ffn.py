@@ -17,6 +17,7 @@ import triton
 from kernelnotes._testing import UNIT_ROUNDOFF, dtype_name, poison_, poison_allocations, rel_err
 from kernelnotes.ffn import reference as ref
 from tests._machine import DEVICE, ON_GPU, size
+from tests._offline import compiled_offline
 
 ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -723,30 +724,12 @@ def test_counts():
     assert math.isclose(3 * d * (8 * d / 3), 2 * d * (4 * d))  # SwiGLU at h = 8d/3 keeps 8 d^2
 
 
-def _compiled_offline(code: str):
-    """The JSON that python code prints last, run in a process without the interpreter
-    (TRITON_INTERPRET unset), with src/ and the repository on its path: where triton.compile can
-    build sm_90 code on a machine without a GPU."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root)])
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def test_epilogue_instruction_counts_compile_for_sm90_without_a_gpu():
     """benchmarks/_epilogue_sass.py, which the benchmark's energy rows cite: _act alone, compiled
     for sm_90 in a process without the interpreter, adds no instruction for the identity, and
     the GELU costs what _normal_cdf says: one reciprocal and one exp2 (MUFU), and more than
     SiLU's sigmoid."""
-    got = _compiled_offline("import json; from benchmarks._epilogue_sass import "
+    got = compiled_offline("import json; from benchmarks._epilogue_sass import "
                             "instructions_per_element as f; print(json.dumps(f()))")
     assert set(got) == set(ref.ACTIVATIONS) - {"sigmoid", "tanh"}
     assert got["none"] == {"total": 0.0}
@@ -846,7 +829,7 @@ for act in (0, 2):
                     regs=sorted({int(r) for r in regs}))
 print(json.dumps(out))
 """
-    got = _compiled_offline(code)
+    got = compiled_offline(code)
     stage = (128 + 128) * 64 * 2
     for act in ("0", "2"):
         assert got[act]["warps"] == 12 and {232, 40} <= set(got[act]["regs"])
