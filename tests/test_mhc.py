@@ -432,3 +432,77 @@ def test_streaming_kernels_run_near_the_memory_roofline():
         gbs = T * bytes_per_token(op, H) / (ms * 1e-3) / 1e9
         assert gbs > 0.5 * copy, (op, gbs, copy)
 
+
+
+# ------------------------------------------------------- one-pass design study (Gluon, Hopper)
+def onepass():
+    from kernelnotes.mhc import onepass as op
+
+    return op
+
+
+def test_onepass_refuses_cpu_tensors():
+    """Gluon kernels do not run in the interpreter: on any machine a CPU tensor is refused with a
+    message that says so."""
+    residual, fn, scale, base = (t.cpu() for t in make_inputs(3, 64))
+    with pytest.raises(ValueError, match="residual is on cpu: mhc_pre_onepass needs a CUDA"):
+        onepass().mhc_pre_onepass(residual, fn, scale, base)
+
+
+def test_onepass_compiles_for_sm90_without_a_gpu():
+    """The one-pass kernel, compiled for sm_90 without the interpreter at H = 7168 (56 slices of
+    128 columns): its tile of 64 tokens x 4 streams x 128 columns (64 KiB) and the barrier fit
+    three programs in an SM's 228 KiB, and the slices report with a release and wait with an
+    acquire at GPU scope."""
+    code = r"""
+import json, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon import language as gl
+from kernelnotes.mhc import onepass as op
+lay = gl.NVMMASharedLayout.get_default_for([op.BT, op.CHUNK], gl.bfloat16)
+cx = dict(G=56, G_POW2=64, BH=128)
+sig = dict(x_desc=f"tensordesc<bf16[{op.BT}, {op.CHUNK}],{lay!r}>", w_ptr="*bf16",
+           part_ptr="*fp32", gate_ptr="*fp32", count_ptr="*i32", base_ptr="*fp32",
+           scale_ptr="*fp32", mix_ptr="*fp32", sq_ptr="*fp32", li_ptr="*bf16", T="i32", H="i32",
+           n_items="i32", n_blocks="i32", num_programs="i32", inv_k="fp32", rms_eps="fp32",
+           pre_eps="fp32", **{k: "constexpr" for k in cx})
+ck = triton.compile(GluonASTSource(fn=op._mhc_pre_onepass_kernel, signature=sig, constexprs=cx),
+                    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+ptx = ck.asm["ptx"]
+print(json.dumps(dict(shared=ck.metadata.shared, release="atom.global.gpu.acq_rel.add" in ptx,
+                      flag="atom.global.gpu.release.exch" in ptx,
+                      acquire="ld.global.gpu.acquire" in ptx)))
+"""
+    from tests._offline import compiled_offline
+
+    got = compiled_offline(code)
+    tile = 64 * 4 * 128 * 2
+    assert tile <= got["shared"] and onepass().PROGRAMS_PER_SM * got["shared"] <= 228 * 1024
+    assert got["release"] and got["flag"] and got["acquire"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H", [(1, 64), (37, 192), (1000, 4096), (8192, 7168)])
+def test_onepass_matches_reference_and_repeats(T, H, monkeypatch):
+    """Against the float64 reference with NaN-poisoned outputs and scratch; T = 37 and 1000 leave
+    a partial token block, H = 192 takes slices of 64 columns. Two calls give the same bits: the
+    partials are summed in slice order, whichever slice arrives last."""
+    residual, fn, scale, base = make_inputs(T, H, seed=T + H)
+    poison_allocations(monkeypatch)
+    got = onepass().mhc_pre_onepass(residual, fn, scale, base)
+    again = onepass().mhc_pre_onepass(residual, fn, scale, base)
+    monkeypatch.undo()
+    check_pre(got, R.mhc_pre(f64(residual), f64(fn), f64(scale), f64(base)), TOL_GATES_PROJECTED)
+    for a, b in zip(got, again, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_onepass_refuses_what_tma_cannot_take():
+    residual, fn, scale, base = make_inputs(3, 100)
+    with pytest.raises(ValueError, match="H = 100: mhc_pre_onepass needs H a multiple of 64"):
+        onepass().mhc_pre_onepass(residual, fn, scale, base)
+    residual, fn, scale, base = make_inputs(3, 64)
+    with pytest.raises(ValueError, match="fn must have shape"):
+        onepass().mhc_pre_onepass(residual, fn[:, :128].contiguous(), scale, base)
