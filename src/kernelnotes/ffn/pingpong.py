@@ -27,6 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernelnotes._grid import cdiv
+from kernelnotes._validate import check_hopper
 from kernelnotes.ffn.kernel import (
     _act,
     _act_code,
@@ -171,14 +172,7 @@ def linear_act_pingpong(x, weight, bias=None, activation="gelu"):
     "Asynchronous Warpgroup Level Matrix Multiply-Accumulate").
     """
     act = _act_code(activation)
-    if not isinstance(x, torch.Tensor) or x.device.type != "cuda":
-        where = x.device if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"x is on {where}: linear_act_pingpong needs a CUDA tensor on a Hopper "
-                         "GPU (Gluon kernels do not run in Triton's interpreter)")
-    major, minor = torch.cuda.get_device_capability(x.device)
-    if major != 9:
-        raise ValueError(f"x is on an sm_{major}{minor} GPU: linear_act_pingpong needs Hopper "
-                         "(sm_90), for its wgmma and TMA")
+    check_hopper("x", x, "linear_act_pingpong", "wgmma and TMA")
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"x has dtype {x.dtype}: linear_act_pingpong takes bfloat16 or float16")
     _check_linear(x, weight, bias)

@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernelnotes._grid import cdiv, next_power_of_2
-from kernelnotes._validate import check_tensor
+from kernelnotes._validate import check_hopper, check_tensor
 
 # Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -181,14 +181,7 @@ def mhc_pre_onepass(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, si
     """
     from kernelnotes.mhc import kernel
 
-    if not isinstance(residual, torch.Tensor) or residual.device.type != "cuda":
-        where = residual.device if isinstance(residual, torch.Tensor) else type(residual).__name__
-        raise ValueError(f"residual is on {where}: mhc_pre_onepass needs a CUDA tensor on a "
-                         "Hopper GPU (Gluon kernels do not run in Triton's interpreter)")
-    major, minor = torch.cuda.get_device_capability(residual.device)
-    if major != 9:
-        raise ValueError(f"residual is on an sm_{major}{minor} GPU: mhc_pre_onepass needs "
-                         "Hopper (sm_90), for its TMA loads")
+    check_hopper("residual", residual, "mhc_pre_onepass", "TMA loads")
     kernel._check_common(residual, scale, base, sinkhorn_iters, post_mult, rms_eps=rms_eps,
                          pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps)
     T, _, H = residual.shape
