@@ -175,9 +175,19 @@ def mhc_pre_onepass(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, si
                     post_mult=2.0, sinkhorn_iters=20):
     """:func:`kernel.mhc_pre` with the residual read once: fn split, one pass, C_l and Sinkhorn.
 
-    Args and returns as :func:`kernel.mhc_pre`, on a Hopper GPU (sm_90) only, and H a multiple
-    of 64 (whole 128-byte TMA boxes per stream). The projection's partials are summed in slice
-    order, so the outputs are the same bits from run to run.
+    DeepSeek-V4's pre step (report eqs. 1-7) with the projection on the un-normalised residual
+    (Xie et al. 2025, arXiv:2512.24880, sec. 4.3.1). Three launches: fn's bf16 hi + lo split,
+    the one-pass kernel, and the big-fuse kernel's metadata programs (C_l, Sinkhorn).
+
+    Args:
+        residual: X_l, [T, 4, H] bfloat16, contiguous, on a Hopper GPU (sm_90); H a multiple of
+            64 (whole 128-byte TMA boxes per stream), its slices of 128 columns (64 where 128
+            does not divide H) no more than the programs resident at once.
+        fn: [24, 4H] float32; scale: [3] float32; base: [24] float32; the eps, post_mult and
+            sinkhorn_iters: as :func:`kernel.mhc_pre`.
+    Returns:
+        layer_input [T, H] bfloat16, post_mix [T, 4] float32, comb_mix [T, 4, 4] float32: the
+        same bits from run to run (the partials are summed in slice order).
     """
     from kernelnotes.mhc import kernel
 
