@@ -17,6 +17,7 @@ from kernelnotes.mhc import reference as R
 from kernelnotes.mhc.kernel import _round_bf16, mhc_post, mhc_pre, mhc_pre_from_mixes
 from kernelnotes.mhc.torch_reference import mhc_post_torch, mhc_pre_torch
 from tests._machine import DEVICE, ON_GPU
+from tests._offline import compiled_offline
 
 U32, U_BF16 = UNIT_ROUNDOFF["float32"], UNIT_ROUNDOFF["bfloat16"]
 # Relative-norm tolerances per output, with why:
@@ -138,6 +139,23 @@ def test_outputs_fully_written(monkeypatch):
     outs += mhc_pre_from_mixes(dot, sq, residual, scale, base, config=STREAM_CFG)
     for o in outs:
         assert not torch.isnan(o).any()
+
+
+def test_metadata_programs_alone_leave_layer_input_as_given():
+    """The big-fuse launch given a layer_input that another kernel wrote (the one-pass design
+    study's path): C_l and comb as the whole launch gives them, layer_input not touched."""
+    from kernelnotes.mhc import kernel
+
+    T, H = 33, 72
+    residual, fn, scale, base = make_inputs(T, H)
+    flat = residual.flatten(1).float()
+    dot, sq = (flat @ fn.T).contiguous(), flat.square().sum(-1).contiguous()
+    whole = mhc_pre_from_mixes(dot, sq, residual, scale, base, config=STREAM_CFG)
+    given = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    li, post, comb = kernel._fuse(dot[None], sq[None], residual, scale, base, 1e-6, 1e-6, 1e-6,
+                                  2.0, 20, None, reverse=False, layer_input=given)
+    assert li is given and li.isnan().all()
+    assert torch.equal(post, whole[1]) and torch.equal(comb, whole[2])
 
 
 def test_split_k_does_not_change_the_result():
@@ -474,8 +492,6 @@ print(json.dumps(dict(shared=ck.metadata.shared, release="atom.global.gpu.acq_re
                       flag="atom.global.gpu.release.exch" in ptx,
                       acquire="ld.global.gpu.acquire" in ptx)))
 """
-    from tests._offline import compiled_offline
-
     got = compiled_offline(code)
     tile = 64 * 4 * 128 * 2
     assert tile <= got["shared"] and onepass().PROGRAMS_PER_SM * got["shared"] <= 228 * 1024

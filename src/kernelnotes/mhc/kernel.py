@@ -427,12 +427,16 @@ def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps):
 
 
 def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
-          sinkhorn_iters, config, reverse):
+          sinkhorn_iters, config, reverse, layer_input=None):
+    """The big-fuse launch. Given a ``layer_input`` that another kernel has written (the
+    one-pass design study, onepass.py), only its metadata programs run: C_l and Sinkhorn."""
     T, _, H = residual.shape
     S = dot_mix.shape[0]
     if config is None and residual.device.type != "cuda":
         config = INTERPRETER_CONFIG["fuse"]
-    layer_input = torch.empty((T, H), dtype=torch.bfloat16, device=residual.device)
+    written = layer_input is not None
+    if not written:
+        layer_input = torch.empty((T, H), dtype=torch.bfloat16, device=residual.device)
     post_mix = torch.empty((T, N_HC), dtype=torch.float32, device=residual.device)
     comb_mix = torch.empty((T, N_HC, N_HC), dtype=torch.float32, device=residual.device)
     args = (dot_mix, sqrsum, residual, scale, base, layer_input, post_mix, comb_mix, T, H, S,
@@ -443,7 +447,9 @@ def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps
     grid = lambda m: (n_meta + cdiv(T, m["BLOCK_T"]) * cdiv(H, m["BLOCK_H"]),)  # noqa: E731
     s_max = next_power_of_2(S)
     fixed = dict(S_MAX=s_max, REVERSE=reverse, META_T=meta_t)
-    if config is None:
+    if written:  # a grid of metadata programs alone: the streaming tile sizes go unused
+        _mhc_pre_fuse_kernel[(n_meta,)](*args, **fixed, BLOCK_T=1, BLOCK_H=512, num_warps=4)
+    elif config is None:
         _run_tuned(_fuse_tuned, grid, ("fuse", H, T, S, reverse, residual.device), *args,
                    **fixed)
     else:

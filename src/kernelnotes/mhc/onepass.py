@@ -216,8 +216,6 @@ def mhc_pre_onepass(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, si
     mix = torch.empty((T, kernel.N_MIX), dtype=torch.float32, device=dev)
     sqrsum = torch.empty((T,), dtype=torch.float32, device=dev)
     layer_input = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
-    post_mix = torch.empty((T, 4), dtype=torch.float32, device=dev)
-    comb_mix = torch.empty((T, 4, 4), dtype=torch.float32, device=dev)
     # every program resident at once (a waiting slice needs its block's others running), and
     # G <= programs: then each block's last item only waits on items that have all started
     programs = min(n_items, PROGRAMS_PER_SM * kernel._sm_count(dev))
@@ -228,12 +226,8 @@ def mhc_pre_onepass(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, si
         x_desc, kernel._split_fn(fn), part, gate, count, base, scale, mix, sqrsum, layer_input,
         T, H, n_items, n_blocks, programs, 1.0 / (4 * H), float(rms_eps), float(pre_eps),
         G=G, G_POW2=max(2, next_power_of_2(G)), BH=bh, num_warps=4, launch_cooperative_grid=True)
-    # C_l and Sinkhorn: the big-fuse kernel's metadata programs alone (a grid of cdiv(T, META_T))
-    meta_t = kernel.META_T["cuda"]
-    kernel._mhc_pre_fuse_kernel[(cdiv(T, meta_t),)](
-        mix, sqrsum, residual, scale, base, layer_input, post_mix, comb_mix, T, H, 1,
-        1.0 / (4 * H), float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
-        int(sinkhorn_iters), S_MAX=1, REVERSE=False, META_T=meta_t, BLOCK_T=1, BLOCK_H=512,
-        num_warps=4)
-    return layer_input, post_mix, comb_mix
+    # C_l and Sinkhorn: the big-fuse kernel's metadata programs alone, from the whole mixes
+    return kernel._fuse(mix[None], sqrsum[None], residual, scale, base, rms_eps, pre_eps,
+                        sinkhorn_eps, post_mult, sinkhorn_iters, None, reverse=False,
+                        layer_input=layer_input)
 # --8<-- [end:onepass_launcher]
