@@ -730,7 +730,7 @@ def test_epilogue_instruction_counts_compile_for_sm90_without_a_gpu():
     the GELU costs what _normal_cdf says: one reciprocal and one exp2 (MUFU), and more than
     SiLU's sigmoid."""
     got = compiled_offline("import json; from benchmarks._epilogue_sass import "
-                            "instructions_per_element as f; print(json.dumps(f()))")
+                           "instructions_per_element as f; print(json.dumps(f()))")
     assert set(got) == set(ref.ACTIVATIONS) - {"sigmoid", "tanh"}
     assert got["none"] == {"total": 0.0}
     assert got["gelu"]["MUFU"] == 2.0 and got["silu"]["MUFU"] == 2.0
