@@ -522,3 +522,108 @@ def test_onepass_refuses_what_tma_cannot_take():
     residual, fn, scale, base = make_inputs(3, 64)
     with pytest.raises(ValueError, match="fn must have shape"):
         onepass().mhc_pre_onepass(residual, fn[:, :128].contiguous(), scale, base)
+
+
+# ------------------------------------- pipelined one-pass design study (Gluon, warp-specialized)
+def pipelined():
+    from kernelnotes.mhc import pipelined as pp
+
+    return pp
+
+
+def test_pipelined_refuses_cpu_tensors():
+    residual, fn, scale, base = (t.cpu() for t in make_inputs(3, 64))
+    with pytest.raises(ValueError, match="residual is on cpu: mhc_pre_pipelined needs a CUDA"):
+        pipelined().mhc_pre_pipelined(residual, fn, scale, base)
+
+
+def test_pipelined_grid_takes_one_program_per_sm_and_a_lane_per_slice_set():
+    """G = H / 64 slices a lane, as many lanes as an H200's 132 SMs hold, and the longest lane's
+    steps."""
+    grid = pipelined().grid
+    assert grid(8192, 7168, 132) == (112, 1, 128)
+    assert grid(8192, 4096, 132) == (128, 2, 64)
+    assert grid(1000, 192, 132) == (48, 16, 1)
+    assert grid(37, 64, 132) == (1, 1, 1)
+    assert grid(1, 8448, 132) == (132, 1, 1)
+
+
+@pytest.mark.parametrize("stamp", [False, True])
+def test_pipelined_compiles_for_sm90_without_a_gpu(stamp):
+    """Compiled for sm_90 without the interpreter at H = 7168 (112 slices in 14 groups): four
+    tile buffers and fn's slice fit one program in an SM's 228 KiB; each partition synchronises
+    its own 128 threads (named barriers, never the whole CTA); slices count in with acq_rel
+    atomics, the reducer waits with an acquire load; the projection is wgmma; the timer is read
+    only when stamps are asked for."""
+    code = r"""
+import json, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon import language as gl
+from kernelnotes.mhc import pipelined as pp
+lay = gl.NVMMASharedLayout.get_default_for([pp.BT, pp.BH], gl.bfloat16)
+w_lay = gl.NVMMASharedLayout.get_default_for([32, pp.BH], gl.bfloat16)
+cx = dict(G=112, NG=14, NG_POW2=16, GROUP=pp.GROUP, NBUF=pp.NBUF, STAMP=STAMP)
+sig = dict(x_desc=f"tensordesc<bf16[{pp.BT}, {pp.BH}],{lay!r}>",
+           w_desc=f"tensordesc<bf16[32, {pp.BH}],{w_lay!r}>", part_ptr="*fp32",
+           group_ptr="*fp32", gate_ptr="*fp32", count_ptr="*i32", base_ptr="*fp32",
+           scale_ptr="*fp32", mix_ptr="*fp32", sq_ptr="*fp32", li_ptr="*bf16", stamp_ptr="*i64",
+           T="i32", H="i32", n_blocks="i32", R="i32", n_steps_max="i32", inv_k="fp32",
+           rms_eps="fp32", pre_eps="fp32", **{k: "constexpr" for k in cx})
+ck = triton.compile(GluonASTSource(fn=pp._mhc_pre_pipelined_kernel, signature=sig, constexprs=cx),
+                    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+ptx = ck.asm["ptx"]
+bars = {line.split(";")[0].split()[-1] for line in ptx.splitlines() if "bar.sync" in line}
+print(json.dumps(dict(shared=ck.metadata.shared, bars=sorted(bars),
+                      arrive="atom.global.gpu.acq_rel.add" in ptx,
+                      acquire="ld.global.gpu.acquire" in ptx, wgmma="wgmma.mma_async" in ptx,
+                      timer="%globaltimer" in ptx)))
+""".replace("STAMP=STAMP", f"STAMP={stamp}")
+    got = compiled_offline(code)
+    pp = pipelined()
+    tiles = pp.NBUF * 4 * pp.BT * pp.BH * 2 + 8 * 32 * pp.BH * 2
+    assert tiles <= got["shared"] <= 228 * 1024
+    assert got["bars"] == ["128"], got["bars"]  # "bar.sync id, 128": one warpgroup at a time
+    assert got["arrive"] and got["acquire"] and got["wgmma"]
+    assert got["timer"] == stamp
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H", [(1, 64), (37, 192), (1000, 4096), (8192, 7168)])
+def test_pipelined_matches_reference_and_repeats(T, H, monkeypatch):
+    """Against the float64 reference with NaN-poisoned outputs and scratch; T = 37 and 1000 leave
+    a partial token block, H = 192 makes one group of three slices, H = 4096 two lanes. A second
+    call, with the timer's stamps, gives the same bits, and each step's stamps come in the order
+    the pipeline imposes."""
+    residual, fn, scale, base = make_inputs(T, H, seed=T + H)
+    poison_allocations(monkeypatch)
+    got = pipelined().mhc_pre_pipelined(residual, fn, scale, base)
+    *again, stamps = pipelined().mhc_pre_pipelined(residual, fn, scale, base, stamps=True)
+    monkeypatch.undo()
+    check_pre(got, R.mhc_pre(f64(residual), f64(fn), f64(scale), f64(base)), TOL_GATES_PROJECTED)
+    for a, b in zip(got, again, strict=True):
+        assert torch.equal(a, b)
+    programs, lanes, steps = pipelined().grid(T, H, torch.cuda.get_device_properties(0)
+                                              .multi_processor_count)
+    assert stamps.shape == (programs, steps, 8)
+    issued, ready, written, arrived, published, seen, freed = stamps[..., :7].unbind(-1)
+    done = issued > 0  # a lane's steps past its last block stay zero
+    n_blocks = -(-T // 64)
+    assert int(done.sum()) == n_blocks * (programs // lanes)
+    for a, b in ((issued, ready), (ready, written), (written, arrived), (seen, freed)):
+        assert bool((a[done] <= b[done]).all())
+    assert int((published > 0).sum()) == n_blocks  # one publisher a block
+
+
+@pytest.mark.gpu
+def test_pipelined_refuses_what_it_cannot_take():
+    residual, fn, scale, base = make_inputs(3, 100)
+    with pytest.raises(ValueError, match="H = 100: mhc_pre_pipelined needs H a multiple of 64"):
+        pipelined().mhc_pre_pipelined(residual, fn, scale, base)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    residual, fn, scale, base = make_inputs(1, 64 * (sms + 1))
+    with pytest.raises(ValueError, match="slices of 64 columns need as many programs at once"):
+        pipelined().mhc_pre_pipelined(residual, fn, scale, base)
+    residual, fn, scale, base = make_inputs(3, 64)
+    with pytest.raises(ValueError, match="fn must have shape"):
+        pipelined().mhc_pre_pipelined(residual, fn[:, :128].contiguous(), scale, base)
