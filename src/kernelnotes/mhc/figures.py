@@ -201,6 +201,57 @@ def table_phases() -> str:
             "the direct call's (it is GPU-bound at this size).")
 
 
+ONEPASS_DESIGNS = {"two-pass": "two kernels (`kernel.mhc_pre`)",
+                   "eighth": "eighth: lockstep rounds (`onepass`)",
+                   "ninth": "ninth: warp-specialized ring (`pipelined`)"}
+
+
+def table_onepass() -> str:
+    """The whole pre step at T = 8192 by the two kernels and the two one-pass designs on the site,
+    in the same run (``benchmarks/results/mhc_onepass.json``)."""
+    res = _results("mhc_onepass")
+    if res is None:
+        return _pending("mhc_onepass")
+    copy = res["meta"]["copy_gbs"]
+    ms = {(r["impl"], r["H"]): r for r in res["rows"] if r.get("ms")}
+    rows = []
+    for H in sorted({H for _, H in ms}):
+        two = ms[("two-pass", H)]
+        for impl, name in ONEPASS_DESIGNS.items():
+            r = ms[(impl, H)]
+            gbs = r["T"] * R.bytes_per_token("mhc_pre", H) / (r["ms"] * 1e-3) / 1e9
+            rows.append([name, r["T"], H, f"{1e3 * r['ms']:.1f}", f"{1e3 * r['graph_ms']:.1f}",
+                         f"{100 * gbs / copy:.0f}%", f"{r['ms'] / two['ms']:.2f}x"])
+    table = markdown_table(["design", "T", "H", "direct (µs)", "graph (µs)", "of copy (10H + 80)",
+                            "time / two kernels"], rows)
+    return (f"{table}\n\n{provenance(res['meta'])} Direct calls timed interleaved; \"graph\" "
+            "replays one call from a CUDA graph.")
+
+
+STAGES = {"tma": "TMA: issued to landed", "project": "projection (wgmma, sum of squares)",
+          "count in": "count in (acq_rel atomic)",
+          "arrival spread": "first to last slice of a block counting in",
+          "publish": "last count-in to A_l published (two levels)",
+          "seen": "A_l published to seen by a writer", "write": "layer_input written, freed",
+          "cycle": "a buffer's whole cycle, issue to free"}
+
+
+def table_onepass_stages() -> str:
+    """The ninth design's stages from the GPU timer's stamps of one call (median, 10th and 90th
+    percentiles over every step of every program)."""
+    res = _results("mhc_onepass")
+    rows = [] if res is None else [r for r in res["rows"] if "stages" in r]
+    if not rows:
+        return _pending("mhc_onepass")
+    out = []
+    for name, what in STAGES.items():
+        out.append([what, *(f"{r['stages'][name]['us']:.1f} ({r['stages'][name]['us_p10']:.1f}"
+                             f"–{r['stages'][name]['us_p90']:.1f})" for r in rows)])
+    table = markdown_table(["stage", *(f"µs at H = {r['H']}" for r in rows)], out)
+    return (f"{table}\n\n{provenance(res['meta'])} T = {rows[0]['T']}; median (10th–90th "
+            "percentile) over every step of every program of one call with stamps.")
+
+
 def table_small_t_graph() -> str:
     """Small T with the host out of the way: GPU time per call replayed from a CUDA graph
     (``benchmarks/results/mhc_graph.json``)."""
