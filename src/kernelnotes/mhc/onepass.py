@@ -40,6 +40,26 @@ CHUNK = 64  # columns per TMA box: 128 bytes of bf16, the widest the 128-byte sw
 PROGRAMS_PER_SM = 3  # 68 KiB of shared memory each at BH = 128
 
 
+# --8<-- [start:publish_gates]
+@gluon.jit
+def _publish_gates(rows, mask, sq_row, tok, gate, base_ptr, scale_ptr, mix_ptr, sq_ptr, T, inv_k,
+                   rms_eps, pre_eps, BT: gl.constexpr):
+    """A token block's A_l from its partial rows: ``rows`` points at [parts, BT] partials of mix
+    0 (mix j at + j * BT, the sum of squares at + sq_row), summed over the parts in order; also
+    stores the block's mixes 0..3 and sum of squares. ``gate`` points at the block's [4, BT]."""
+    live = tok < T
+    sq = gl.sum(gl.load(rows + sq_row, mask=mask, other=0.0), axis=0)
+    rstd = 1.0 / gl.sqrt(sq * inv_k + rms_eps)
+    gl.store(sq_ptr + tok, sq, mask=live)
+    a0 = gl.load(scale_ptr)
+    for j in gl.static_range(4):
+        mix = gl.sum(gl.load(rows + j * BT, mask=mask, other=0.0), axis=0)
+        gl.store(mix_ptr + tok * 24 + j, mix, mask=live)
+        z = mix * rstd * a0 + gl.load(base_ptr + j)
+        gl.store(gate + j * BT, 1.0 / (1.0 + gl.exp(-z)) + pre_eps)
+# --8<-- [end:publish_gates]
+
+
 # --8<-- [start:onepass_kernel]
 @gluon.jit
 def _mhc_pre_onepass_kernel(
@@ -127,15 +147,8 @@ def _mhc_pre_onepass_kernel(
         live = tok < T
         blk = part_ptr + (b * G + red_s)[:, None] * (25 * BT) + red_t[None, :]  # [G_POW2, BT]
         if arrived == G - 1:
-            sq_b = gl.sum(gl.load(blk + 24 * BT, mask=red_mask, other=0.0), axis=0)
-            rstd = 1.0 / gl.sqrt(sq_b * inv_k + rms_eps)
-            gl.store(sq_ptr + tok, sq_b, mask=live)
-            a0 = gl.load(scale_ptr)
-            for jj in gl.static_range(4):
-                mix = gl.sum(gl.load(blk + jj * BT, mask=red_mask, other=0.0), axis=0)
-                gl.store(mix_ptr + tok * 24 + jj, mix, mask=live)
-                z = mix * rstd * a0 + gl.load(base_ptr + jj)
-                gl.store(gate_ptr + (b * 4 + jj) * BT + red_t, 1.0 / (1.0 + gl.exp(-z)) + pre_eps)
+            _publish_gates(blk, red_mask, 24 * BT, tok, gate_ptr + b * 4 * BT + red_t, base_ptr,
+                           scale_ptr, mix_ptr, sq_ptr, T, inv_k, rms_eps, pre_eps, BT)
             _cta_barrier()
             gl.atomic_xchg(count_ptr + n_blocks + b, 1, sem="release", scope="gpu")
         else:
@@ -170,6 +183,22 @@ def _slice_width(H: int) -> int:
     return 128 if H % 128 == 0 else 64
 
 
+def _check_inputs(caller, needs, residual, fn, scale, base, sinkhorn_iters, post_mult, **eps):
+    """The checks of the one-pass launchers: a Hopper GPU, mhc_pre's inputs, H in whole TMA
+    boxes of CHUNK columns, fn [24, 4H]. Returns (T, H)."""
+    from kernelnotes.mhc import kernel
+
+    check_hopper("residual", residual, caller, needs)
+    kernel._check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps)
+    T, _, H = residual.shape
+    if H % CHUNK:
+        raise ValueError(f"residual has H = {H}: {caller} needs H a multiple of {CHUNK}")
+    check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True, device=residual.device)
+    if tuple(fn.shape) != (kernel.N_MIX, 4 * H):
+        raise ValueError(f"fn must have shape (24, 4H) = (24, {4 * H}), got {tuple(fn.shape)}")
+    return T, H
+
+
 # --8<-- [start:onepass_launcher]
 def mhc_pre_onepass(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6,
                     post_mult=2.0, sinkhorn_iters=20):
@@ -189,18 +218,13 @@ def mhc_pre_onepass(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, si
         layer_input [T, H] bfloat16, post_mix [T, 4] float32, comb_mix [T, 4, 4] float32: the
         same bits from run to run (the partials are summed in slice order).
     """
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
     from kernelnotes.mhc import kernel
 
-    check_hopper("residual", residual, "mhc_pre_onepass", "TMA loads")
-    kernel._check_common(residual, scale, base, sinkhorn_iters, post_mult, rms_eps=rms_eps,
-                         pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps)
-    T, _, H = residual.shape
-    if H % CHUNK:
-        raise ValueError(f"residual has H = {H}: mhc_pre_onepass needs H a multiple of {CHUNK}")
-    check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True, device=residual.device)
-    if tuple(fn.shape) != (kernel.N_MIX, 4 * H):
-        raise ValueError(f"fn must have shape (24, 4H) = (24, {4 * H}), got {tuple(fn.shape)}")
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    T, H = _check_inputs("mhc_pre_onepass", "TMA loads", residual, fn, scale, base,
+                         sinkhorn_iters, post_mult, rms_eps=rms_eps, pre_eps=pre_eps,
+                         sinkhorn_eps=sinkhorn_eps)
 
     dev = residual.device
     bh = _slice_width(H)

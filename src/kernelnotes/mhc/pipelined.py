@@ -37,11 +37,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernelnotes._grid import cdiv, next_power_of_2
-from kernelnotes._validate import check_hopper, check_tensor
-from kernelnotes.mhc.onepass import _cta_barrier, _tma_load
+from kernelnotes.mhc.onepass import (
+    CHUNK,
+    _check_inputs,
+    _cta_barrier,
+    _publish_gates,
+    _tma_load,
+)
 
 BT = 64  # tokens per tile: wgmma's M
-BH = 64  # columns per stream in a tile: one 128-byte TMA box
+BH = CHUNK  # columns per stream in a tile: one 128-byte TMA box (64)
 NBUF = 4  # tile buffers; even, so that each buffer always belongs to the same projector
 GROUP = 8  # slices per group in the two-level arrival
 STAMPS = ("issued", "ready", "partials written", "arrived", "published", "gates seen", "freed")
@@ -136,23 +141,13 @@ def _projector(tiles, w_s, ready, w_bar, part_ptr, group_ptr, gate_ptr, count_pt
                 gl.store(group_ptr + ((b * NG + grp) * 5 + r) * BT + red_t, gl.sum(v, axis=0))
             _cta_barrier()
             done = gl.atomic_add(count_ptr + b, 1, sem="acq_rel", scope="gpu")
-            if done == NG - 2:  # the block's last group: A_l from the groups' sums
-                tok = b * BT + red_t
-                live = tok < T
+            if done == NG - 2:  # the block's last group: A_l from the groups' sums, stored
+                # plainly: the writers read nothing else by it, the gate is the data (an atomic
+                # release per element would serialise a fence per store)
                 rows_of = group_ptr + b * NG * (5 * BT) + red_n[:, None] * (5 * BT) + red_t[None, :]
-                g_mask = (red_n < NG)[:, None] & (red_t < BT)[None, :]
-                sq_b = gl.sum(gl.load(rows_of + 4 * BT, mask=g_mask, other=0.0), axis=0)
-                rstd = 1.0 / gl.sqrt(sq_b * inv_k + rms_eps)
-                gl.store(sq_ptr + tok, sq_b, mask=live)
-                a0 = gl.load(scale_ptr)
-                for jj in gl.static_range(4):
-                    mix = gl.sum(gl.load(rows_of + jj * BT, mask=g_mask, other=0.0), axis=0)
-                    gl.store(mix_ptr + tok * 24 + jj, mix, mask=live)
-                    z = mix * rstd * a0 + gl.load(base_ptr + jj)
-                    # a plain store: the writers read nothing else by it, the gate is the data
-                    # (an atomic release per element would serialise a fence per store)
-                    gl.store(gate_ptr + (b * 4 + jj) * BT + red_t,
-                             1.0 / (1.0 + gl.exp(-z)) + pre_eps)
+                _publish_gates(rows_of, (red_n < NG)[:, None] & (red_t < BT)[None, :], 4 * BT,
+                               b * BT + red_t, gate_ptr + b * 4 * BT + red_t, base_ptr, scale_ptr,
+                               mix_ptr, sq_ptr, T, inv_k, rms_eps, pre_eps, BT)
                 _stamp(stamp_ptr, k, 4, n_steps_max, STAMP)
 
 
@@ -321,15 +316,9 @@ def mhc_pre_pipelined(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6,
 
     from kernelnotes.mhc import kernel
 
-    check_hopper("residual", residual, "mhc_pre_pipelined", "TMA loads and wgmma")
-    kernel._check_common(residual, scale, base, sinkhorn_iters, post_mult, rms_eps=rms_eps,
-                         pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps)
-    T, _, H = residual.shape
-    if H % BH:
-        raise ValueError(f"residual has H = {H}: mhc_pre_pipelined needs H a multiple of {BH}")
-    check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True, device=residual.device)
-    if tuple(fn.shape) != (kernel.N_MIX, 4 * H):
-        raise ValueError(f"fn must have shape (24, 4H) = (24, {4 * H}), got {tuple(fn.shape)}")
+    T, H = _check_inputs("mhc_pre_pipelined", "TMA loads and wgmma", residual, fn, scale, base,
+                         sinkhorn_iters, post_mult, rms_eps=rms_eps, pre_eps=pre_eps,
+                         sinkhorn_eps=sinkhorn_eps)  # H in whole boxes: CHUNK == BH columns
     dev = residual.device
     G, n_blocks = H // BH, cdiv(T, BT)
     sms = kernel._sm_count(dev)
