@@ -14,7 +14,7 @@ import triton.language as tl
 
 from kernelnotes._testing import UNIT_ROUNDOFF, poison_allocations, rel_err
 from kernelnotes.mhc import reference as R
-from kernelnotes.mhc.kernel import _round_bf16, mhc_post, mhc_pre, mhc_pre_from_mixes
+from kernelnotes.mhc.kernel import _round_bf16, mhc_post, mhc_pre, mhc_pre_from_mixes, split_fn
 from kernelnotes.mhc.torch_reference import mhc_post_torch, mhc_pre_torch
 from tests._machine import DEVICE, ON_GPU
 from tests._offline import compiled_offline
@@ -137,6 +137,7 @@ def test_outputs_fully_written(monkeypatch):
     flat = residual.flatten(1).float()
     dot, sq = (flat @ fn.T).contiguous(), flat.square().sum(-1).contiguous()
     outs += mhc_pre_from_mixes(dot, sq, residual, scale, base, config=STREAM_CFG)
+    outs += (split_fn(fn),)
     for o in outs:
         assert not torch.isnan(o).any()
 
@@ -156,6 +157,35 @@ def test_metadata_programs_alone_leave_layer_input_as_given():
                                   2.0, 20, None, reverse=False, layer_input=given)
     assert li is given and li.isnan().all()
     assert torch.equal(post, whole[1]) and torch.equal(comb, whole[2])
+
+
+@pytest.mark.parametrize("T,H", [(5, 100), pytest.param(8192, 7168, marks=pytest.mark.gpu)])
+def test_split_fn_once_gives_the_same_bits(T, H):
+    """fn split once by split_fn (as a model does when its weights load) and passed to mhc_pre:
+    the same kernels on the same parts, so the same bits as splitting on every call."""
+    residual, fn, scale, base = make_inputs(T, H, seed=3)
+    parts = split_fn(fn)
+    assert parts.shape == (2, 24, 4 * H) and parts.dtype == torch.bfloat16
+    per_call = mhc_pre(residual, fn, scale, base, config=PRE_CFG)
+    for a, b in zip(per_call, mhc_pre(residual, parts, scale, base, config=PRE_CFG), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_split_fn_parts_carry_fn_to_2_to_the_minus_16():
+    """hi is fn rounded to bf16 (ties to even, as torch's cast), lo the rest, exact in fp32,
+    rounded again: |fn - hi - lo| <= 2^-8 |fn - hi| <= 2^-16 |fn| (u_bf16 = 2^-8), for zeros,
+    signs and extreme exponents too."""
+    g = torch.Generator().manual_seed(5)
+    fn = torch.randn(24, 4 * 50, generator=g) * torch.logspace(-30, 30, 200)[None, :]
+    fn[0, :4] = torch.tensor([0.0, -0.0, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8])  # + two exact ties
+    hi, lo = split_fn(fn.to(DEVICE)).cpu().double()
+    assert torch.equal(hi, fn.bfloat16().double())
+    assert torch.equal(torch.signbit(hi[0, :2]), torch.tensor([False, True]))
+    ties = torch.tensor([0.0, 0.0, 2.0**-8, -(2.0**-8)], dtype=torch.float64)  # to 1 and 1 + 2^-6
+    assert torch.equal(lo[0, :4], ties)
+    err = (fn.double() - hi - lo).abs()
+    assert (err <= 2.0**-16 * fn.double().abs()).all()
+    assert ((fn.double() - hi).abs() > 2.0**-16 * fn.double().abs()).any()  # lo = 0 would fail
 
 
 def test_split_k_does_not_change_the_result():
@@ -298,6 +328,20 @@ def test_refusals_pre():
         mhc_pre(residual, fn[:, :-1].contiguous(), scale, base, config=PRE_CFG)
     with pytest.raises(TypeError, match="fn must have dtype"):
         mhc_pre(residual, fn.double(), scale, base, config=PRE_CFG)
+    with pytest.raises(ValueError, match=r"a split fn \(bfloat16\) must have shape \(2, 24, 4H\)"):
+        mhc_pre(residual, fn.bfloat16(), scale, base, config=PRE_CFG)
+    with pytest.raises(ValueError, match=r"a split fn .* got \(2, 24, 252\)"):
+        mhc_pre(residual, split_fn(fn)[..., :-4].contiguous(), scale, base, config=PRE_CFG)
+    with pytest.raises(TypeError, match="fn must have dtype"):
+        split_fn(fn.double())
+    with pytest.raises(ValueError, match=r"fn must have shape \(24, 4H\) with H >= 1"):
+        split_fn(fn[:23])
+    with pytest.raises(ValueError, match=r"fn must have shape \(24, 4H\) with H >= 1"):
+        split_fn(fn[:, :-1].contiguous())
+    with pytest.raises(ValueError, match="fn must have 2 dimensions"):
+        split_fn(fn[None])
+    with pytest.raises(ValueError, match="fn is on meta"):
+        split_fn(fn.to("meta"))
     with pytest.raises(ValueError, match=r"scale must have shape \(3,\)"):
         mhc_pre(residual, fn, base, base, config=PRE_CFG)
     with pytest.raises(ValueError, match=r"base must have shape \(24,\)"):

@@ -8,7 +8,7 @@ from kernelnotes._lazy import lazy_exports
 from kernelnotes.mhc import reference
 from kernelnotes.mhc.reference import amax_gain, gates, mhc_layer, mixes, sinkhorn
 
-_KERNEL_NAMES = ("mhc_pre", "mhc_pre_from_mixes", "mhc_post")
+_KERNEL_NAMES = ("mhc_pre", "mhc_pre_from_mixes", "mhc_post", "split_fn")
 
 __all__ = ["reference", "amax_gain", "gates", "mhc_layer", "mixes", "sinkhorn", *_KERNEL_NAMES]
 

@@ -467,11 +467,13 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
     arXiv:2512.24880, sec. 4.3.1): the projection runs on the un-normalised residual and is
     divided by the RMS afterwards. Three launches: fn split into bf16 hi + lo parts, a split-K
     projection that reads the residual once and writes ``dot_mix`` [S, T, 24] and
-    ``sqrsum`` [S, T], then the big-fuse kernel (see :func:`mhc_pre_from_mixes`).
+    ``sqrsum`` [S, T], then the big-fuse kernel (see :func:`mhc_pre_from_mixes`). Given fn
+    already split by :func:`split_fn` (once, when the weights load), two launches, the same bits.
 
     Args:
         residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1, any H.
-        fn: W^fused transposed, [24, 4H] float32, rows [pre 0..3 | post 4..7 | comb 8..23].
+        fn: W^fused transposed, [24, 4H] float32, rows [pre 0..3 | post 4..7 | comb 8..23];
+            or its hi + lo parts from :func:`split_fn`, [2, 24, 4H] bfloat16.
         scale: [3] float32, (alpha_pre, alpha_post, alpha_res).
         base: [24] float32, the static part S, one per slot.
         rms_eps, pre_eps, sinkhorn_eps: > 0 (DeepSeek-V4: 1e-6 each).
@@ -499,16 +501,43 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
                              f"got {config!r}")
         _check_config("config['project']", config["project"], _PROJECT_SIZES)
         _check_config("config['fuse']", config["fuse"], _STREAM_SIZES)
-    check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True, device=residual.device)
-    if tuple(fn.shape) != (N_MIX, K):
-        raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
+    check_tensor("fn", fn, dtypes=(torch.float32, torch.bfloat16), contiguous=True,
+                 device=residual.device)
     if not (num_splits is None or (isinstance(num_splits, int) and num_splits >= 1)):
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    dot_mix, sqrsum = _project(residual, _split_fn(fn), num_splits, config)
+    if fn.dtype == torch.bfloat16:  # split by split_fn
+        if tuple(fn.shape) != (2, N_MIX, K):
+            raise ValueError(f"a split fn (bfloat16) must have shape (2, 24, 4H) = (2, 24, {K}), "
+                             f"got {tuple(fn.shape)}")
+        w = fn
+    else:
+        _check_fn_shape(fn, K)
+        w = _split_fn(fn)
+    dot_mix, sqrsum = _project(residual, w, num_splits, config)
     # backwards, to meet the projection's last reads in L2; on an H200 that buys ~nothing (post 08)
     return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
                  post_mult, sinkhorn_iters, None if config is None else config["fuse"],
                  reverse=True)
+
+
+def split_fn(fn):
+    """fn [24, 4H] float32 -> its bf16 hi and lo parts [2, 24, 4H], for :func:`mhc_pre`.
+
+    fn = hi + lo to 2^-16 relative (hi is fn rounded to bf16, lo the remainder rounded): the
+    projection's two bf16 MMAs carry fn that exactly. ``mhc_pre`` splits fn on every call, one
+    extra launch; a model whose fn is a fixed weight splits it once, when the weights load, and
+    passes the parts instead. Redo the split whenever fn changes.
+    """
+    check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True)
+    check_kernel_device("fn", fn, _mhc_split_fn_kernel)
+    if fn.shape[0] != N_MIX or fn.shape[1] % N_HC or fn.shape[1] == 0:
+        raise ValueError(f"fn must have shape (24, 4H) with H >= 1, got {tuple(fn.shape)}")
+    return _split_fn(fn)
+
+
+def _check_fn_shape(fn, K):
+    if tuple(fn.shape) != (N_MIX, K):
+        raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
 
 
 def _split_fn(fn):
