@@ -205,41 +205,36 @@ SPLIT_ONCE = "triton, fn split once"  # bench_mhc's label for mhc_pre given spli
 
 
 def table_split_once() -> str:
-    """mhc_pre as called with fn (split on every call) and with fn split once by split_fn:
-    direct calls (bench_mhc) and CUDA-graph replays (bench_mhc_graph, small T; the phase rows
-    at T = 8192)."""
-    res, graph_res = _results(), _results("mhc_graph")
+    """mhc_pre at T = 8192 called with fn (split on every call, three launches) and with fn split
+    once by split_fn (two launches), in one bench_mhc run: direct calls, and the GPU time
+    replayed from a CUDA graph (the phase rows). Smaller T are host time (post 08)."""
+    res = _results()
     if res is None:
         return PENDING
     ms = {(r["impl"], r["T"], r["H"]): r["ms"] for r in res["rows"]
           if r["op"] == "mhc_pre" and r.get("ms")}
-    graph = {} if graph_res is None else {(r["impl"], r["T"], r["H"]): r["graph_ms"]
-                                          for r in graph_res["rows"]
-                                          if r["op"] == "mhc_pre" and r.get("graph_ms")}
-    graph |= {(impl, r["T"], r["H"]): r[key] for r in res["rows"] if r["op"] == "mhc_pre phases"
-              for impl, key in (("triton", "whole_ms"), (SPLIT_ONCE, "whole_split_once_ms"))
-              if key in r}
+    graph = {(impl, r["T"], r["H"]): r[key] for r in res["rows"] if r["op"] == "mhc_pre phases"
+             for impl, key in (("triton", "whole_ms"), (SPLIT_ONCE, "whole_split_once_ms"))
+             if key in r}
     copy = res["meta"]["copy_gbs"]
     rows = []
+    T = 8192
     for H in sorted({k[2] for k in ms}):
-        for T in sorted({k[1] for k in ms}):
-            each, once, e = (ms.get((i, T, H)) for i in ("triton", SPLIT_ONCE, "eager"))
-            if each is None or once is None:
-                continue
-            g_each, g_once = graph.get(("triton", T, H)), graph.get((SPLIT_ONCE, T, H))
-            gbs = T * R.bytes_per_token("mhc_pre", H) / (once * 1e-3) / 1e9
-            rows.append([T, H, f"{1e3 * each:.1f}", f"{1e3 * once:.1f}",
-                         f"{1e3 * g_each:.1f}" if g_each else "n/a",
-                         f"{1e3 * g_once:.1f}" if g_once else "n/a",
-                         f"{100 * gbs / copy:.1f}%", f"{e / once:.1f}x" if e else "n/a"])
+        each, once, e = (ms.get((i, T, H)) for i in ("triton", SPLIT_ONCE, "eager"))
+        g_each, g_once = graph.get(("triton", T, H)), graph.get((SPLIT_ONCE, T, H))
+        if None in (each, once, e, g_each, g_once):
+            continue
+        gbs = T * R.bytes_per_token("mhc_pre", H) / (once * 1e-3) / 1e9
+        rows.append([T, H, f"{1e3 * each:.1f}", f"{1e3 * once:.1f}", f"{1e3 * g_each:.1f}",
+                     f"{1e3 * g_once:.1f}", f"{100 * gbs / copy:.1f}%", f"{e / once:.1f}x"])
     if not rows:
         return PENDING
     table = markdown_table(["T", "H", "direct, fn (µs)", "direct, split once (µs)",
-                            "graph, fn (µs)", "graph, split once (µs)",
+                            "GPU, fn (µs)", "GPU, split once (µs)",
                             "split once: of copy", "split once: vs eager"], rows)
     return (f"{table}\n\n{provenance(res['meta'])} Direct calls as in the performance table; "
-            "graph replays from `mhc_graph` (T < 8192) and from the phase rows (T = 8192); "
-            "\"of copy\" and \"vs eager\" are the direct call's, as in the targets.")
+            "GPU time replayed from a CUDA graph, as in the phase table; \"of copy\" and "
+            "\"vs eager\" are the direct call's, as in the targets.")
 
 
 ONEPASS_DESIGNS = {"two-pass": "two kernels (`kernel.mhc_pre`)",
