@@ -510,8 +510,9 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
             raise ValueError(f"a split fn (bfloat16) must have shape (2, 24, 4H) = (2, 24, {K}), "
                              f"got {tuple(fn.shape)}")
         w = fn
+    elif tuple(fn.shape) != (N_MIX, K):
+        raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
     else:
-        _check_fn_shape(fn, K)
         w = _split_fn(fn)
     dot_mix, sqrsum = _project(residual, w, num_splits, config)
     # backwards, to meet the projection's last reads in L2; on an H200 that buys ~nothing (post 08)
@@ -533,11 +534,6 @@ def split_fn(fn):
     if fn.shape[0] != N_MIX or fn.shape[1] % N_HC or fn.shape[1] == 0:
         raise ValueError(f"fn must have shape (24, 4H) with H >= 1, got {tuple(fn.shape)}")
     return _split_fn(fn)
-
-
-def _check_fn_shape(fn, K):
-    if tuple(fn.shape) != (N_MIX, K):
-        raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
 
 
 def _split_fn(fn):
