@@ -1,7 +1,8 @@
 """Manifold-constrained hyper-connections (mHC): NumPy reference and Triton kernels.
 
 ``kernelnotes.mhc.mhc_pre``, ``mhc_pre_from_mixes``, ``mhc_post`` and ``split_fn`` (Triton)
-import torch and triton on first use only; the NumPy reference lives in ``kernelnotes.mhc.reference``.
+import torch and triton on first use only; the NumPy reference lives in
+``kernelnotes.mhc.reference``.
 """
 
 from kernelnotes._lazy import lazy_exports
