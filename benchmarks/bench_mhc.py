@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from benchmarks._harness import bench_ms, graph_ms
+from kernelnotes.mhc.figures import SPLIT_ONCE  # the label of mhc_pre given split_fn(fn)
 from kernelnotes.mhc.reference import bytes_per_token
 
 DEVICE = "cuda"
@@ -25,7 +26,6 @@ T_ALL = (1, 128, 1024, 8192)
 H_ALL = (4096, 7168)
 T_QUICK, H_QUICK = (1, 8192), (7168,)
 COMPILE_BUDGET_S = 200.0  # start no compiled peer after this many seconds of stage 2
-SPLIT_ONCE = "triton, fn split once"  # mhc_pre given split_fn(fn) instead of fn
 
 
 def _inputs(T: int, H: int):

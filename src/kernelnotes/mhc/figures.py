@@ -175,6 +175,11 @@ def table_performance() -> str:
             "(device-to-device copy, bytes read + written).")
 
 
+def _pre_gbs(T: int, H: int, ms: float) -> float:
+    """GB/s of an mhc_pre call of ms milliseconds, on its minimal bytes (10H + 80 a token)."""
+    return T * R.bytes_per_token("mhc_pre", H) / (ms * 1e-3) / 1e9
+
+
 def table_phases() -> str:
     """Where mhc_pre's GPU time goes at T = 8192: its three launches, the whole call and a pure
     read of the residual, each replayed from a CUDA graph (bench_mhc's phase rows)."""
@@ -188,7 +193,7 @@ def table_phases() -> str:
     rows = []
     for r in sorted(phases, key=lambda r: r["H"]):
         T, H = r["T"], r["H"]
-        gbs = T * R.bytes_per_token("mhc_pre", H) / (r["whole_ms"] * 1e-3) / 1e9
+        gbs = _pre_gbs(T, H, r["whole_ms"])
         e = eager.get((T, H))
         rows.append([T, H, *(f"{1e3 * r[k]:.1f}" for k in
                              ("split_ms", "project_ms", "fuse_ms", "whole_ms", "read_ms")),
@@ -211,22 +216,22 @@ def table_split_once() -> str:
     res = _results()
     if res is None:
         return PENDING
-    ms = {(r["impl"], r["T"], r["H"]): r["ms"] for r in res["rows"]
-          if r["op"] == "mhc_pre" and r.get("ms")}
+    direct = {(r["impl"], r["T"], r["H"]): r for r in res["rows"]
+              if r["op"] == "mhc_pre" and r.get("ms")}
     graph = {(impl, r["T"], r["H"]): r[key] for r in res["rows"] if r["op"] == "mhc_pre phases"
              for impl, key in (("triton", "whole_ms"), (SPLIT_ONCE, "whole_split_once_ms"))
              if key in r}
     copy = res["meta"]["copy_gbs"]
     rows = []
     T = 8192
-    for H in sorted({k[2] for k in ms}):
-        each, once, e = (ms.get((i, T, H)) for i in ("triton", SPLIT_ONCE, "eager"))
+    for H in sorted({k[2] for k in direct}):
+        each, once, e = (direct.get((i, T, H)) for i in ("triton", SPLIT_ONCE, "eager"))
         g_each, g_once = graph.get(("triton", T, H)), graph.get((SPLIT_ONCE, T, H))
         if None in (each, once, e, g_each, g_once):
             continue
-        gbs = T * R.bytes_per_token("mhc_pre", H) / (once * 1e-3) / 1e9
-        rows.append([T, H, f"{1e3 * each:.1f}", f"{1e3 * once:.1f}", f"{1e3 * g_each:.1f}",
-                     f"{1e3 * g_once:.1f}", f"{100 * gbs / copy:.1f}%", f"{e / once:.1f}x"])
+        rows.append([T, H, f"{1e3 * each['ms']:.1f}", f"{1e3 * once['ms']:.1f}",
+                     f"{1e3 * g_each:.1f}", f"{1e3 * g_once:.1f}",
+                     f"{100 * once['gbs'] / copy:.1f}%", f"{e['ms'] / once['ms']:.1f}x"])
     if not rows:
         return PENDING
     table = markdown_table(["T", "H", "direct, fn (µs)", "direct, split once (µs)",
@@ -255,7 +260,7 @@ def table_onepass() -> str:
         two = ms[("two-pass", H)]
         for impl, name in ONEPASS_DESIGNS.items():
             r = ms[(impl, H)]
-            gbs = r["T"] * R.bytes_per_token("mhc_pre", H) / (r["ms"] * 1e-3) / 1e9
+            gbs = _pre_gbs(r["T"], H, r["ms"])
             rows.append([name, r["T"], H, f"{1e3 * r['ms']:.1f}", f"{1e3 * r['graph_ms']:.1f}",
                          f"{100 * gbs / copy:.0f}%", f"{r['ms'] / two['ms']:.2f}x"])
     table = markdown_table(["design", "T", "H", "direct (µs)", "graph (µs)", "of copy (10H + 80)",
