@@ -372,19 +372,48 @@ _post_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T"])(_mhc_post_kernel)
 
 # --8<-- [start:run_tuned]
 _CHOSEN: dict = {}  # autotune key -> the launch kwargs of the config Triton's autotuner chose
+_COMPILED: dict = {}  # (key, specialisation) -> (compiled kernel, its constexpr arguments)
+
+
+def _specialisation(args) -> tuple:
+    """What Triton compiles a kernel for besides its constexprs: each tensor's dtype and 16-byte
+    alignment, each int's divisibility by 16, whether it is 1 and whether it fits 32 bits."""
+    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+                 else (a % 16 == 0, a == 1, -2**31 <= a < 2**31) if isinstance(a, int)
+                 else type(a) for a in args)
+
+
+def _launch(kernel, grid: tuple, key: tuple, args: tuple, consts: dict) -> None:
+    """``kernel[grid](*args, **consts)``; on a GPU, after the first call of a key and argument
+    specialisation, the compiled kernel is launched directly. Triton's jit launch binds,
+    specialises and hashes every argument on every call to find its compiled kernel; this
+    looks it up by ``key`` (which must fix ``consts``) and a few alignment bits instead."""
+    if args[0].device.type != "cuda":  # the interpreter: nothing compiled to keep
+        kernel[grid](*args, **consts)
+        return
+    spec = (key, _specialisation(args))
+    hit = _COMPILED.get(spec)
+    if hit is None:
+        compiled = kernel[grid](*args, **consts)  # compiles (once per process) and launches
+        # the launcher takes every parameter in order, constexprs included (and ignored)
+        _COMPILED[spec] = (compiled, tuple(consts[name] for name in kernel.arg_names[len(args):]))
+    else:
+        compiled, tail = hit
+        compiled[(*grid, 1, 1)[:3]](*args, *tail)
 
 
 def _run_tuned(tuned, grid, key: tuple, *args, **kwargs) -> None:
     """``tuned[grid](*args, **kwargs)`` the first time a key is seen, then its chosen config
-    launched directly. Triton's autotuner spends tens of microseconds of host time on every
-    call; on the H200 that showed in the timings of the short kernels (mhc_pre_from_mixes at
-    T = 8192, H = 4096 is one pass over the residual, well under a millisecond)."""
+    through :func:`_launch`. Triton's autotuner spends tens of microseconds of host time on every
+    call, and its jit launch some more; on the H200 that showed in the timings of the short
+    kernels (mhc_pre_from_mixes at T = 8192, H = 4096 is one pass over the residual, well under
+    a millisecond)."""
     meta = _CHOSEN.get(key)
     if meta is None:
         tuned[grid](*args, **kwargs)
         _CHOSEN[key] = tuned.best_config.all_kwargs()
     else:
-        tuned.fn[grid(meta)](*args, **kwargs, **meta)
+        _launch(tuned.fn, grid(meta), key, args, {**kwargs, **meta})
 # --8<-- [end:run_tuned]
 
 
@@ -540,7 +569,8 @@ def _split_fn(fn):
     """fn [24, K] fp32 -> [2, 24, K] bf16, its hi and lo parts (_mhc_split_fn_kernel)."""
     n = fn.numel()
     w = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
-    _mhc_split_fn_kernel[(cdiv(n, 4096),)](fn, w, n, BLOCK=4096)
+    _launch(_mhc_split_fn_kernel, (cdiv(n, 4096),), ("split", fn.device), (fn, w, n),
+            {"BLOCK": 4096})
     return w
 
 
