@@ -326,10 +326,18 @@ def test_direct_launch_specialises_on_alignment():
     x = residual[:, 1].contiguous()
     post, comb = torch.rand(T, 4, device=DEVICE), torch.rand(T, 4, 4, device=DEVICE)
     first = {}
-    for name, res in [("aligned", residual), ("shifted", shifted)] * 3:
+    outputs = ("layer_input", "post_mix", "comb_mix", "mhc_post")
+    for call, (name, res) in enumerate([("aligned", residual), ("shifted", shifted)] * 3):
         got = (*mhc_pre(res, fn, scale, base), mhc_post(x, res, post, comb))
         want = first.setdefault(name, got)
-        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        for out, a, b in zip(outputs, got, want, strict=True):
+            # a NaN would point at an element left unwritten (torch.empty's garbage), other bits
+            # at a launch that computed differently; say which, for the first call that differs
+            assert not a.isnan().any(), f"call {call} ({name}): NaN in {out}"
+            assert torch.equal(a, b), (
+                f"call {call} ({name}): {out} differs from the first {name} call in "
+                f"{int((a != b).sum())} of {a.numel()} elements, by up to "
+                f"{(a.float() - b.float()).abs().max().item():.3g}")
     # the two compiled kernels may sum sum(x^2) in another order: close, not equal
     for a, b in zip(first["aligned"], first["shifted"], strict=True):
         assert rel_err(a, b) < (TOL_BF16 if a.dtype == torch.bfloat16 else TOL_GATES_PROJECTED)
