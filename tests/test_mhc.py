@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from kernelnotes._testing import UNIT_ROUNDOFF, poison_allocations, rel_err
+from kernelnotes.mhc import kernel as K
 from kernelnotes.mhc import reference as R
 from kernelnotes.mhc.kernel import _round_bf16, mhc_post, mhc_pre, mhc_pre_from_mixes, split_fn
 from kernelnotes.mhc.torch_reference import mhc_post_torch, mhc_pre_torch
@@ -312,12 +313,48 @@ def test_autotuned_path_matches_fixed_config():
     assert rel_err(out, mhc_post(x, residual, post, comb, config=STREAM_CFG)) < TOL_BF16
 
 
+def _launch_config(config: triton.Config) -> dict:
+    """A config of the autotuner's candidates as the launchers' ``config`` argument takes it."""
+    return {**config.kwargs, "num_warps": config.num_warps,
+            **({"num_stages": config.num_stages} if "BLOCK_K" in config.kwargs else {})}
+
+
+# every candidate the autotuner may pick on a GPU: the projection's with a fixed big-fuse tile,
+# the streaming kernels' with a fixed projection tile
+AUTOTUNE_CANDIDATES = ([("project", i) for i in range(len(K.PROJECT_CONFIGS))]
+                       + [("stream", i) for i in range(len(K.STREAM_CONFIGS))])
+
+
 @pytest.mark.gpu
-def test_direct_launch_specialises_on_alignment():
+@pytest.mark.parametrize("T,H", [(1000, 4096), (999, 4000)])
+@pytest.mark.parametrize("which,i", AUTOTUNE_CANDIDATES)
+def test_every_autotune_candidate_writes_everything_and_repeats(T, H, which, i, monkeypatch):
+    """Whichever config the autotuner picks, every output element is written (NaN-poisoned
+    allocations) and a second and third call give the same bits: the kernels hold no race."""
+    poison_allocations(monkeypatch)
+    project = _launch_config(K.PROJECT_CONFIGS[i if which == "project" else 0])
+    stream = _launch_config(K.STREAM_CONFIGS[i]) if which == "stream" else STREAM_CFG
+    residual, fn, scale, base = make_inputs(T, H)
+    x = residual[:, 1].contiguous()
+    post, comb = torch.rand(T, 4, device=DEVICE), torch.rand(T, 4, 4, device=DEVICE)
+    outputs = ("layer_input", "post_mix", "comb_mix", "mhc_post")
+    first = None
+    for call in range(3):
+        got = (*mhc_pre(residual, fn, scale, base, config={"project": project, "fuse": stream}),
+               mhc_post(x, residual, post, comb, config=stream))
+        first = first or got
+        for out, a, b in zip(outputs, got, first, strict=True):
+            assert not a.isnan().any(), f"call {call}: {out} has unwritten (NaN) elements"
+            assert torch.equal(a, b), f"call {call}: {out} differs from the first call"
+
+
+@pytest.mark.gpu
+def test_direct_launch_specialises_on_alignment(monkeypatch):
     # A launcher's first call of a shape goes through Triton's jit (which compiles for the
     # arguments' alignment); later calls launch that compiled kernel directly (kernel._launch).
     # A residual 2 bytes off 16-byte alignment needs a kernel without aligned vector loads: were
     # the cache to hand it the aligned one, the launch would fault or give other bits.
+    poison_allocations(monkeypatch)  # an element no launch writes shows as NaN
     T, H = 1000, 4096
     residual, fn, scale, base = make_inputs(T, H)
     shifted = torch.empty(residual.numel() + 1, dtype=torch.bfloat16, device=DEVICE)[1:]
@@ -331,8 +368,8 @@ def test_direct_launch_specialises_on_alignment():
         got = (*mhc_pre(res, fn, scale, base), mhc_post(x, res, post, comb))
         want = first.setdefault(name, got)
         for out, a, b in zip(outputs, got, want, strict=True):
-            # a NaN would point at an element left unwritten (torch.empty's garbage), other bits
-            # at a launch that computed differently; say which, for the first call that differs
+            # a NaN points at an element left unwritten, other bits at a launch that computed
+            # differently; say which, for the first call that differs
             assert not a.isnan().any(), f"call {call} ({name}): NaN in {out}"
             assert torch.equal(a, b), (
                 f"call {call} ({name}): {out} differs from the first {name} call in "
