@@ -313,6 +313,19 @@ def test_autotuned_path_matches_fixed_config():
     assert rel_err(out, mhc_post(x, residual, post, comb, config=STREAM_CFG)) < TOL_BF16
 
 
+OUTPUTS = ("layer_input", "post_mix", "comb_mix", "mhc_post")
+
+
+def assert_written_and_repeated(got, want, call: str) -> None:
+    """``got`` (mhc_pre's three outputs and mhc_post's) holds no NaN, so no element of a poisoned
+    allocation was left unwritten, and the same bits as ``want``; the message names the output."""
+    for out, a, b in zip(OUTPUTS, got, want, strict=True):
+        assert not a.isnan().any(), f"{call}: {out} has unwritten (NaN) elements"
+        assert torch.equal(a, b), (
+            f"{call}: {out} differs from the first call in {int((a != b).sum())} of {a.numel()} "
+            f"elements, by up to {(a.float() - b.float()).abs().max().item():.3g}")
+
+
 def _launch_config(config: triton.Config) -> dict:
     """A config of the autotuner's candidates as the launchers' ``config`` argument takes it."""
     return {**config.kwargs, "num_warps": config.num_warps,
@@ -337,15 +350,13 @@ def test_every_autotune_candidate_writes_everything_and_repeats(T, H, which, i, 
     residual, fn, scale, base = make_inputs(T, H)
     x = residual[:, 1].contiguous()
     post, comb = torch.rand(T, 4, device=DEVICE), torch.rand(T, 4, 4, device=DEVICE)
-    outputs = ("layer_input", "post_mix", "comb_mix", "mhc_post")
     first = None
     for call in range(3):
         got = (*mhc_pre(residual, fn, scale, base, config={"project": project, "fuse": stream}),
                mhc_post(x, residual, post, comb, config=stream))
-        first = first or got
-        for out, a, b in zip(outputs, got, first, strict=True):
-            assert not a.isnan().any(), f"call {call}: {out} has unwritten (NaN) elements"
-            assert torch.equal(a, b), f"call {call}: {out} differs from the first call"
+        if first is None:
+            first = got
+        assert_written_and_repeated(got, first, f"call {call}")
 
 
 @pytest.mark.gpu
@@ -363,18 +374,9 @@ def test_direct_launch_specialises_on_alignment(monkeypatch):
     x = residual[:, 1].contiguous()
     post, comb = torch.rand(T, 4, device=DEVICE), torch.rand(T, 4, 4, device=DEVICE)
     first = {}
-    outputs = ("layer_input", "post_mix", "comb_mix", "mhc_post")
     for call, (name, res) in enumerate([("aligned", residual), ("shifted", shifted)] * 3):
         got = (*mhc_pre(res, fn, scale, base), mhc_post(x, res, post, comb))
-        want = first.setdefault(name, got)
-        for out, a, b in zip(outputs, got, want, strict=True):
-            # a NaN points at an element left unwritten, other bits at a launch that computed
-            # differently; say which, for the first call that differs
-            assert not a.isnan().any(), f"call {call} ({name}): NaN in {out}"
-            assert torch.equal(a, b), (
-                f"call {call} ({name}): {out} differs from the first {name} call in "
-                f"{int((a != b).sum())} of {a.numel()} elements, by up to "
-                f"{(a.float() - b.float()).abs().max().item():.3g}")
+        assert_written_and_repeated(got, first.setdefault(name, got), f"call {call} ({name})")
     # the two compiled kernels may sum sum(x^2) in another order: close, not equal
     for a, b in zip(first["aligned"], first["shifted"], strict=True):
         assert rel_err(a, b) < (TOL_BF16 if a.dtype == torch.bfloat16 else TOL_GATES_PROJECTED)
