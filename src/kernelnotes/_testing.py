@@ -47,13 +47,22 @@ def _as_f64(a) -> np.ndarray:
 
 
 def poison_(t):
-    """Fill a tensor with NaN (in place) so that any element a kernel fails to write shows up."""
-    return t.fill_(float("nan"))
+    """Fill a tensor in place so that any element a kernel fails to write shows up: NaN for a
+    floating tensor, the most negative value for an integer one (which has no NaN; an autotuner's
+    cache-flush buffer is one), a bool tensor left as it is."""
+    import torch
+
+    if t.is_floating_point() or t.is_complex():
+        return t.fill_(float("nan"))
+    if t.dtype != torch.bool:
+        t.fill_(torch.iinfo(t.dtype).min)
+    return t
 
 
 def poison_allocations(monkeypatch) -> None:
-    """Make every ``torch.empty`` / ``torch.empty_like`` allocation start as NaN (until
-    ``monkeypatch.undo()``), so that an output element a launcher's kernel fails to write shows."""
+    """Make every ``torch.empty`` / ``torch.empty_like`` allocation start poisoned (see
+    :func:`poison_`) until ``monkeypatch.undo()``, so that an output element a launcher's kernel
+    fails to write shows."""
     import torch
 
     real_empty, real_empty_like = torch.empty, torch.empty_like
