@@ -382,6 +382,44 @@ def test_direct_launch_specialises_on_alignment(monkeypatch):
         assert rel_err(a, b) < (TOL_BF16 if a.dtype == torch.bfloat16 else TOL_GATES_PROJECTED)
 
 
+
+def test_projection_waits_for_its_mmas_before_the_next_prefetch():
+    """The residual tile feeds the projection's two MMAs from shared memory and the sum of squares
+    from registers. Triton's software pipeliner (3.6 on the GPU machine, and the current one) gives
+    such a tile one buffer fewer than the tiles that feed only MMAs (triton-lang/triton#6691), so
+    the slot a step reads is the one its prefetch, three loads later, overwrites. An MMA left in
+    flight across that prefetch reads a half-overwritten tile: on the H200 the 128-token config's
+    sums differed from run to run. The kernel makes every step wait for its MMAs; here, compiled
+    for sm_90 without a GPU at each autotune candidate, every MMA of the loop body is waited for
+    (``pendings = 0``) before the body's first prefetch."""
+    code = r"""
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernelnotes.mhc import kernel as K
+sig = dict(x_ptr="*bf16", w_ptr="*bf16", dot_ptr="*fp32", sq_ptr="*fp32", T="i32", K="i32",
+           K_SPLIT="i32", BLOCK_T="constexpr", BLOCK_K="constexpr", MMA_BF16="constexpr")
+aligned = [["tt.divisibility", 16]]
+out = []
+for cfg in K.PROJECT_CONFIGS:
+    cx = dict(cfg.kwargs, MMA_BF16=True)
+    src = ASTSource(fn=K._mhc_project_kernel, signature=sig, constexprs=cx,
+                    attrs={(i,): aligned for i in (0, 1, 2, 3, 5, 6)})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    ir = ck.asm["ttgir"]
+    body = ir[ir.index("scf.for"):ir.index("scf.yield")]
+    ops = re.findall(r"ttng\.warp_group_dot_wait[^\n]*?pendings = (\d+)|"
+                     r"(ttng\.warp_group_dot |ttg\.async_copy_global_to_local)", body)
+    out.append([("wait" + p) if p else ("mma" if "dot" in o else "copy") for p, o in ops])
+print(json.dumps(out))
+"""
+    for config, ops in zip(K.PROJECT_CONFIGS, compiled_offline(code), strict=True):
+        first_copy = ops.index("copy")
+        last_mma = max(i for i, op in enumerate(ops) if op == "mma")
+        assert ops.count("mma") == 2 and last_mma < first_copy, (str(config), ops)
+        assert "wait0" in ops[last_mma:first_copy], (str(config), ops)
+
 # ---- refusals ----------------------------------------------------------------------------------
 
 def test_refusals_pre():

@@ -97,7 +97,12 @@ def _mhc_project_kernel(
         w_lo = tl.load(w + 24 * K, mask=w_mask, other=0.0)
         if MMA_BF16:
             acc = tl.dot(x, w_hi, acc)
-            acc = tl.dot(x, w_lo, acc)
+            # "+ 0.0" makes the sum a register value at every step, so the step waits for its
+            # second MMA. Left in flight, that MMA reads the residual tile while the step's
+            # prefetch overwrites it: Triton's pipeliner (3.6 and 3.9) gives a tile that also
+            # feeds registers (the sum of squares below) one shared-memory buffer fewer than
+            # fn's tiles (triton-lang/triton#6691). Tested in test_mhc.py, without a GPU.
+            acc = tl.dot(x, w_lo, acc) + 0.0
         else:  # Triton 3.9's interpreter multiplies bf16 tensors' raw bits: same values in fp32
             acc = tl.dot(x.to(tl.float32), w_hi.to(tl.float32), acc)
             acc = tl.dot(x.to(tl.float32), w_lo.to(tl.float32), acc)
