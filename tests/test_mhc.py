@@ -387,7 +387,7 @@ def test_projection_waits_for_its_mmas_before_the_next_prefetch():
     """The residual tile feeds the projection's two MMAs from shared memory and the sum of squares
     from registers. Triton's software pipeliner (3.6 on the GPU machine, and the current one) gives
     such a tile one buffer fewer than the tiles that feed only MMAs (triton-lang/triton#6691), so
-    the slot a step reads is the one its prefetch, three loads later, overwrites. An MMA left in
+    the slot a step reads is the one that the same step's prefetch refills. An MMA left in
     flight across that prefetch reads a half-overwritten tile: on the H200 the 128-token config's
     sums differed from run to run. The kernel makes every step wait for its MMAs; here, compiled
     for sm_90 without a GPU at each autotune candidate, every MMA of the loop body is waited for
