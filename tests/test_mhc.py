@@ -382,7 +382,6 @@ def test_direct_launch_specialises_on_alignment(monkeypatch):
         assert rel_err(a, b) < (TOL_BF16 if a.dtype == torch.bfloat16 else TOL_GATES_PROJECTED)
 
 
-
 def test_projection_waits_for_its_mmas_before_the_next_prefetch():
     """The residual tile feeds the projection's two MMAs from shared memory and the sum of squares
     from registers. Triton's software pipeliner (3.6 on the GPU machine, and the current one) gives
@@ -399,7 +398,7 @@ from triton.compiler import ASTSource
 from kernelnotes.mhc import kernel as K
 sig = dict(x_ptr="*bf16", w_ptr="*bf16", dot_ptr="*fp32", sq_ptr="*fp32", T="i32", K="i32",
            K_SPLIT="i32", BLOCK_T="constexpr", BLOCK_K="constexpr", MMA_BF16="constexpr")
-aligned = [["tt.divisibility", 16]]
+aligned = [["tt.divisibility", 16]]  # the pointers, K and K_SPLIT, as at H = 4096 or 7168
 out = []
 for cfg in K.PROJECT_CONFIGS:
     cx = dict(cfg.kwargs, MMA_BF16=True)
@@ -419,6 +418,7 @@ print(json.dumps(out))
         last_mma = max(i for i, op in enumerate(ops) if op == "mma")
         assert ops.count("mma") == 2 and last_mma < first_copy, (str(config), ops)
         assert "wait0" in ops[last_mma:first_copy], (str(config), ops)
+
 
 # ---- refusals ----------------------------------------------------------------------------------
 
