@@ -50,8 +50,8 @@ def _stream_load(ptrs, mask):
 def _mhc_split_fn_kernel(fn_ptr, w_ptr, n, BLOCK: tl.constexpr):
     """fn (fp32) = hi + lo, two bf16 parts: w[0] = hi, w[1] = lo, each laid out as fn.
 
-    bf16 x bf16 products are exact in the MMA's fp32 accumulator, so two bf16 MMAs carry fn
-    to 2^-16 relative, where one TF32 MMA would round it to 2^-11. Split once per call, not in
+    bf16 x bf16 products are exact in the MMA's fp32 accumulator, so a bf16 MMA with both parts
+    carries fn to 2^-16 relative, where a TF32 MMA would round it to 2^-11. Split once per call, not in
     every tile of the projection: there it would cost more instructions than the MMAs.
     """
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -79,39 +79,40 @@ def _mhc_project_kernel(
     pid_t = tl.program_id(1)
     offs_t = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     mask_t = offs_t < T
-    offs_n = tl.arange(0, 32)  # 24 mixes padded to the MMA's N = 32
-    mask_n = offs_n < 24
+    # one MMA of N = 64: column c < 32 takes fn's hi part of mix c, column 32 + c its lo part
+    # (mixes 24 to 31 are padding); the two halves of the sum are added at the end
+    offs_c = tl.arange(0, 64)
+    mix, part = offs_c % 32, offs_c // 32
+    mask_c = mix < 24
     k_lo = pid_s * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
 
-    acc = tl.zeros((BLOCK_T, 32), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_T, 64), dtype=tl.float32)  # [x fn_hi^T | x fn_lo^T]
     sq = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)  # summed across k once, at the end
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < k_hi
         x = tl.load(x_ptr + offs_t[:, None] * K + offs_k[None, :],
                     mask=mask_t[:, None] & mask_k[None, :], other=0.0)  # bf16 [BT, BK]
-        w = w_ptr + offs_n[None, :] * K + offs_k[:, None]  # [BK, 32], from L2
-        w_mask = mask_k[:, None] & mask_n[None, :]
-        w_hi = tl.load(w, mask=w_mask, other=0.0)
-        w_lo = tl.load(w + 24 * K, mask=w_mask, other=0.0)
+        w = tl.load(w_ptr + (part * 24 + mix)[None, :] * K + offs_k[:, None],
+                    mask=mask_k[:, None] & mask_c[None, :], other=0.0)  # bf16 [BK, 64], from L2
         if MMA_BF16:
-            acc = tl.dot(x, w_hi, acc)
             # "+ 0.0" makes the sum a register value at every step, so the step waits for its
-            # second MMA. Left in flight, that MMA reads the residual tile while the step's
-            # prefetch overwrites it: Triton's pipeliner (3.6 and 3.9) gives a tile that also
-            # feeds registers (the sum of squares below) one shared-memory buffer fewer than
-            # fn's tiles (triton-lang/triton#6691). Tested in test_mhc.py, without a GPU.
-            acc = tl.dot(x, w_lo, acc) + 0.0
+            # MMA. Left in flight, the MMA reads the residual tile while the step's prefetch
+            # overwrites it: Triton's pipeliner (3.6 and 3.9) gives a tile that also feeds
+            # registers (the sum of squares below) one shared-memory buffer fewer than fn's
+            # tiles (triton-lang/triton#6691). Tested in test_mhc.py, without a GPU.
+            acc = tl.dot(x, w, acc) + 0.0
         else:  # Triton 3.9's interpreter multiplies bf16 tensors' raw bits: same values in fp32
-            acc = tl.dot(x.to(tl.float32), w_hi.to(tl.float32), acc)
-            acc = tl.dot(x.to(tl.float32), w_lo.to(tl.float32), acc)
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
         xf = x.to(tl.float32)
         sq += xf * xf
 
+    hi, lo = tl.split(tl.permute(tl.reshape(acc, (BLOCK_T, 2, 32)), (0, 2, 1)))  # [BT, 32] each
+    offs_n = tl.arange(0, 32)
     row = pid_s * T + offs_t  # [BT], int64
-    tl.store(dot_ptr + row[:, None] * 24 + offs_n[None, :], acc,
-             mask=mask_t[:, None] & mask_n[None, :])
+    tl.store(dot_ptr + row[:, None] * 24 + offs_n[None, :], hi + lo,
+             mask=mask_t[:, None] & (offs_n < 24)[None, :])
     tl.store(sq_ptr + row, tl.sum(sq, axis=1), mask=mask_t)
 # --8<-- [end:project_kernel]
 
@@ -559,7 +560,7 @@ def split_fn(fn):
     """fn [24, 4H] float32 -> its bf16 hi and lo parts [2, 24, 4H], for :func:`mhc_pre`.
 
     fn = hi + lo to 2^-16 relative (hi is fn rounded to bf16, lo the remainder rounded): the
-    projection's two bf16 MMAs carry fn that exactly. ``mhc_pre`` splits fn on every call, one
+    projection's bf16 MMA, with both parts side by side, carries fn that exactly. ``mhc_pre`` splits fn on every call, one
     extra launch; a model whose fn is a fixed weight splits it once, when the weights load, and
     passes the parts instead. Redo the split whenever fn changes.
     """
