@@ -51,8 +51,8 @@ def _mhc_split_fn_kernel(fn_ptr, w_ptr, n, BLOCK: tl.constexpr):
     """fn (fp32) = hi + lo, two bf16 parts: w[0] = hi, w[1] = lo, each laid out as fn.
 
     bf16 x bf16 products are exact in the MMA's fp32 accumulator, so a bf16 MMA with both parts
-    carries fn to 2^-16 relative, where a TF32 MMA would round it to 2^-11. Split once per call, not in
-    every tile of the projection: there it would cost more instructions than the MMAs.
+    carries fn to 2^-16 relative, where a TF32 MMA would round it to 2^-11. Split once per call,
+    not in every tile of the projection: there it would cost more instructions than the MMAs.
     """
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -560,9 +560,10 @@ def split_fn(fn):
     """fn [24, 4H] float32 -> its bf16 hi and lo parts [2, 24, 4H], for :func:`mhc_pre`.
 
     fn = hi + lo to 2^-16 relative (hi is fn rounded to bf16, lo the remainder rounded): the
-    projection's bf16 MMA, with both parts side by side, carries fn that exactly. ``mhc_pre`` splits fn on every call, one
-    extra launch; a model whose fn is a fixed weight splits it once, when the weights load, and
-    passes the parts instead. Redo the split whenever fn changes.
+    projection's bf16 MMA, with both parts side by side, carries fn that exactly. ``mhc_pre``
+    splits fn on every call, one extra launch; a model whose fn is a fixed weight splits it
+    once, when the weights load, and passes the parts instead. Redo the split whenever fn
+    changes.
     """
     check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True)
     check_kernel_device("fn", fn, _mhc_split_fn_kernel)
