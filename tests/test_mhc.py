@@ -382,14 +382,14 @@ def test_direct_launch_specialises_on_alignment(monkeypatch):
         assert rel_err(a, b) < (TOL_BF16 if a.dtype == torch.bfloat16 else TOL_GATES_PROJECTED)
 
 
-def test_projection_waits_for_its_mmas_before_the_next_prefetch():
+def test_projection_waits_for_its_mma_before_the_next_prefetch():
     """The residual tile feeds the projection's MMA from shared memory and the sum of squares from
     registers. Triton's software pipeliner (3.6 on the GPU machine, and the current one) gives
     such a tile one buffer fewer than the tiles that feed only MMAs (triton-lang/triton#6691), so
     the slot a step reads is the one that the same step's prefetch refills. An MMA left in
     flight across that prefetch reads a half-overwritten tile: on the H200 the 128-token config's
-    sums differed from run to run. The kernel makes every step wait for its MMAs; here, compiled
-    for sm_90 without a GPU at each autotune candidate, every MMA of the loop body is waited for
+    sums differed from run to run. The kernel makes every step wait for its MMA; here, compiled
+    for sm_90 without a GPU at each autotune candidate, the loop body's one MMA is waited for
     (``pendings = 0``) before the body's first prefetch."""
     code = r"""
 import json, re, triton
@@ -413,11 +413,10 @@ for cfg in K.PROJECT_CONFIGS:
     out.append([("wait" + p) if p else ("mma" if "dot" in o else "copy") for p, o in ops])
 print(json.dumps(out))
 """
-    for config, ops in zip(K.PROJECT_CONFIGS, compiled_offline(code), strict=True):  # one MMA
-        first_copy = ops.index("copy")
-        last_mma = max(i for i, op in enumerate(ops) if op == "mma")
-        assert ops.count("mma") == 1 and last_mma < first_copy, (str(config), ops)
-        assert "wait0" in ops[last_mma:first_copy], (str(config), ops)
+    for config, ops in zip(K.PROJECT_CONFIGS, compiled_offline(code), strict=True):
+        mma, first_copy = ops.index("mma"), ops.index("copy")
+        assert ops.count("mma") == 1 and mma < first_copy, (str(config), ops)
+        assert "wait0" in ops[mma:first_copy], (str(config), ops)
 
 
 # ---- refusals ----------------------------------------------------------------------------------
