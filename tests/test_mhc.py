@@ -313,6 +313,31 @@ def test_autotuned_path_matches_fixed_config():
     assert rel_err(out, mhc_post(x, residual, post, comb, config=STREAM_CFG)) < TOL_BF16
 
 
+@pytest.mark.gpu
+def test_autotuner_runs_once_per_power_of_two_of_T(monkeypatch):
+    """A new T in a power-of-two bucket already tuned launches the chosen tiles without another
+    round of the autotuner, and its outputs are still fully written and right; the next bucket
+    tunes again."""
+    poison_allocations(monkeypatch)
+    H = 1000  # a width no other test tunes, so that the first call below tunes its bucket
+    tuned = (K._project_tuned, K._fuse_tuned, K._post_tuned)
+
+    def call(T):
+        residual, fn, scale, base = make_inputs(T, H, seed=T)
+        got = mhc_pre(residual, fn, scale, base)
+        ref = R.mhc_pre(f64(residual), f64(fn), f64(scale), f64(base))
+        check_pre(got, ref, TOL_GATES_PROJECTED)
+        x, post, comb = got
+        out = mhc_post(x, residual, post, comb)
+        assert rel_err(out, R.mhc_post(f64(x), f64(residual), f64(post), f64(comb))) < TOL_BF16
+        return [len(t.cache) for t in tuned]  # the autotuner's rounds so far, per kernel
+
+    assert K._tokens_key(600) == K._tokens_key(1000) == 1024 != K._tokens_key(1025)
+    tuned_600 = call(600)
+    assert call(1000) == tuned_600  # same bucket (and the same split count): no new round
+    assert all(b > a for a, b in zip(tuned_600, call(1025), strict=True))
+
+
 OUTPUTS = ("layer_input", "post_mix", "comb_mix", "mhc_post")
 
 

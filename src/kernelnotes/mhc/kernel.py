@@ -408,6 +408,14 @@ def _launch(kernel, grid: tuple, key: tuple, args: tuple, consts: dict) -> None:
         compiled[(*grid, 1, 1)[:3]](*args, *tail)
 
 
+def _tokens_key(T: int) -> int:
+    """T as the autotune keys hold it: rounded up to a power of two. Every new key costs a
+    round of the autotuner (each candidate timed for about a tenth of a second), and a model
+    meets a new T on almost every call (decoding, ragged batches); the best tile follows T's
+    size, not its last digits. The first T of a bucket picks the tile for the whole bucket."""
+    return next_power_of_2(T)
+
+
 def _run_tuned(tuned, grid, key: tuple, *args, **kwargs) -> None:
     """``tuned[grid](*args, **kwargs)`` the first time a key is seen, then its chosen config
     through :func:`_launch`. Triton's autotuner spends tens of microseconds of host time on every
@@ -485,8 +493,8 @@ def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps
     if written:  # a grid of metadata programs alone: the streaming tile sizes go unused
         _mhc_pre_fuse_kernel[(n_meta,)](*args, **fixed, BLOCK_T=1, BLOCK_H=512, num_warps=4)
     elif config is None:
-        _run_tuned(_fuse_tuned, grid, ("fuse", H, T, S, reverse, residual.device), *args,
-                   **fixed)
+        key = ("fuse", H, _tokens_key(T), S, reverse, residual.device)
+        _run_tuned(_fuse_tuned, grid, key, *args, **fixed)
     else:
         cfg = dict(config)
         _mhc_pre_fuse_kernel[grid(cfg)](*args, **fixed, **cfg)
@@ -599,7 +607,7 @@ def _project(residual, w, num_splits, config):
     grid = lambda meta: (S, cdiv(T, meta["BLOCK_T"]))  # noqa: E731
     mma_bf16 = residual.device.type == "cuda"
     if config is None:
-        _run_tuned(_project_tuned, grid, ("project", K, T, residual.device), *args,
+        _run_tuned(_project_tuned, grid, ("project", K, _tokens_key(T), residual.device), *args,
                    MMA_BF16=mma_bf16)
     else:
         cfg = dict(config["project"])
@@ -686,8 +694,8 @@ def mhc_post(x, residual, post_mix, comb_mix, *, config=None):
     out = torch.empty_like(residual)
     grid = lambda m: (cdiv(T, m["BLOCK_T"]) * cdiv(H, m["BLOCK_H"]),)  # noqa: E731
     if config is None:
-        _run_tuned(_post_tuned, grid, ("post", H, T, residual.device), x, residual, post_mix,
-                   comb_mix, out, T, H)
+        _run_tuned(_post_tuned, grid, ("post", H, _tokens_key(T), residual.device), x, residual,
+                   post_mix, comb_mix, out, T, H)
     else:
         _mhc_post_kernel[grid(config)](x, residual, post_mix, comb_mix, out, T, H, **config)
     return out
