@@ -313,6 +313,33 @@ def test_autotuned_path_matches_fixed_config():
     assert rel_err(out, mhc_post(x, residual, post, comb, config=STREAM_CFG)) < TOL_BF16
 
 
+def test_run_tuned_tunes_a_bucket_once_then_launches_its_choice(monkeypatch):
+    """_run_tuned with stand-ins for the autotuned kernel: the first T of a power-of-two bucket
+    runs the autotuner; later T of the bucket launch the chosen config, on a grid of their own."""
+    calls = []
+
+    class Kernel:  # the jit function: kernel[grid](*args, **constexprs)
+        def __getitem__(self, grid):
+            return lambda *args, **consts: calls.append(("launch", grid, consts))
+
+    class Tuned:  # the autotuner around it
+        fn = Kernel()
+        best_config = triton.Config({"BLOCK_T": 4}, num_warps=2)
+
+        def __getitem__(self, grid):
+            return lambda *args, **consts: calls.append(("tune", None, consts))
+
+    monkeypatch.setattr(K, "_CHOSEN", {})
+    tuned, x = Tuned(), torch.zeros(1)  # a CPU tensor: _launch takes the interpreter's path
+    for T in (600, 1000, 1024, 1025):
+        key = ("post", 64, K._tokens_key(T), x.device)
+        K._run_tuned(tuned, lambda m, T=T: (triton.cdiv(T, m["BLOCK_T"]),), key, x, T, S_MAX=2)
+    assert [c[0] for c in calls] == ["tune", "launch", "launch", "tune"]
+    assert calls[0][2] == {"S_MAX": 2}
+    assert calls[1][1:] == ((250,), {"S_MAX": 2, **Tuned.best_config.all_kwargs()})
+    assert calls[2][1] == (256,)
+
+
 @pytest.mark.gpu
 def test_autotuner_runs_once_per_power_of_two_of_T(monkeypatch):
     """A new T in a power-of-two bucket already tuned launches the chosen tiles without another
