@@ -40,8 +40,9 @@ def _round_bf16(v):
 # --8<-- [start:stream_load]
 @triton.jit
 def _stream_load(ptrs, mask):
-    """bf16 read once, as fp32; evict_first: the data has no reuse, keep L2 for what does."""
-    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    """bf16 read once, as fp32. A plain load: the hint for data without reuse, evict_first, made
+    both streaming kernels 2% to 5% slower on the H200, not faster (post 08)."""
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 # --8<-- [end:stream_load]
 
 
