@@ -242,6 +242,42 @@ def table_split_once() -> str:
             "\"vs eager\" are the direct call's, as in the targets.")
 
 
+FLUSH_TIMINGS = ("graph", "write flush", "write flush + sleep", "read flush",
+                 "read flush + sleep")  # bench_mhc_flush's columns, in its order
+
+
+def table_flush() -> str:
+    """mHC's calls at T = 8192 timed after do_bench's write flush and after a read flush, with and
+    without a GPU sleep that puts the host ahead, beside their GPU time replayed from a CUDA
+    graph (``benchmarks/results/mhc_flush.json``)."""
+    res = _results("mhc_flush")
+    if res is None:
+        return _pending("mhc_flush")
+    copy = res["meta"]["copy_gbs"] * 1e9
+    eager = {(r["H"], k): r[f"{k} ms"] for r in res["rows"] if r["impl"] == "eager"
+             for k in FLUSH_TIMINGS}
+    rows = []
+    for r in sorted(res["rows"], key=lambda r: (r["H"], OPS.index(r["op"]))):
+        if r["impl"] == "eager":
+            continue
+        name = f"`{r['op']}`" + (", fn split once" if r["impl"] == SPLIT_ONCE else "")
+        cells = []
+        for k in FLUSH_TIMINGS:
+            ms = r[f"{k} ms"]
+            cell = f"{1e3 * ms:.1f}"
+            if r["op"] == "mhc_pre":  # the two targets' measures, under the same timing
+                of_copy = r["T"] * R.bytes_per_token("mhc_pre", r["H"]) / (ms * 1e-3) / copy
+                cell += f" ({100 * of_copy:.1f}%, {eager[(r['H'], k)] / ms:.1f}x)"
+            cells.append(cell)
+        rows.append([name, r["H"], *cells])
+    table = markdown_table(["call", "H", *(f"{k} (µs)" for k in FLUSH_TIMINGS)], rows)
+    return (f"{table}\n\n{provenance(res['meta'])} T = 8192; median of "
+            f"{res['rows'][0]['calls']} calls per column, each timed by CUDA events; the sleep is "
+            f"{res['rows'][0]['sleep_us']:.0f} µs; the flush buffer is "
+            f"{res['rows'][0]['flush_bytes'] // 2**20} MB. For `mhc_pre`: of copy (10H + 80 "
+            "bytes per token) and the eager reference's time under the same timing over it.")
+
+
 ONEPASS_DESIGNS = {"two-pass": "two kernels (`kernel.mhc_pre`)",
                    "eighth": "eighth: lockstep rounds (`onepass`)",
                    "ninth": "ninth: warp-specialized ring (`pipelined`)"}
