@@ -20,12 +20,12 @@ import time
 
 from benchmarks._harness import graph_ms
 from benchmarks.bench_mhc import _calls
+from kernelnotes.mhc.figures import FLUSH_TIMINGS  # the columns, in the post's order
 
 T_FULL = 8192
 H_ALL = (4096, 7168)
 FLUSH_BYTES = 256 * 2**20  # as do_bench's
 SLEEP_US = 300.0  # longer than the host needs to issue any of the Triton calls (three launches)
-TIMINGS = ("graph", "write flush", "write flush + sleep", "read flush", "read flush + sleep")
 
 
 def _timed_ms(fn, flush, sleep_cycles: int, calls: int) -> float:
@@ -106,5 +106,5 @@ def summary(rows: list[dict], meta: dict) -> str:
     lines = ["mHC at T = 8192: direct-call time (us) by the flush before it; GPU time replayed"]
     for r in rows:
         lines.append(f"{r['op']} {r['impl']} H={r['H']}: " + ", ".join(
-            f"{k} {1e3 * r[f'{k} ms']:.1f}" for k in TIMINGS))
+            f"{k} {1e3 * r[f'{k} ms']:.1f}" for k in FLUSH_TIMINGS))
     return "\n".join(lines)
