@@ -253,7 +253,7 @@ def table_flush() -> str:
     res = _results("mhc_flush")
     if res is None:
         return _pending("mhc_flush")
-    copy = res["meta"]["copy_gbs"] * 1e9
+    copy = res["meta"]["copy_gbs"]
     eager = {(r["H"], k): r[f"{k} ms"] for r in res["rows"] if r["impl"] == "eager"
              for k in FLUSH_TIMINGS}
     rows = []
@@ -266,7 +266,7 @@ def table_flush() -> str:
             ms = r[f"{k} ms"]
             cell = f"{1e3 * ms:.1f}"
             if r["op"] == "mhc_pre":  # the two targets' measures, under the same timing
-                of_copy = r["T"] * R.bytes_per_token("mhc_pre", r["H"]) / (ms * 1e-3) / copy
+                of_copy = _pre_gbs(r["T"], r["H"], ms) / copy
                 cell += f" ({100 * of_copy:.1f}%, {eager[(r['H'], k)] / ms:.1f}x)"
             cells.append(cell)
         rows.append([name, r["H"], *cells])
