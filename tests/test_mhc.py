@@ -442,10 +442,10 @@ def test_projection_waits_for_its_mma_before_the_next_prefetch():
     registers. Triton's software pipeliner (3.6 on the GPU machine, and the current one) gives
     such a tile one buffer fewer than the tiles that feed only MMAs (triton-lang/triton#6691), so
     the slot a step reads is the one that the same step's prefetch refills. An MMA left in
-    flight across that prefetch reads a half-overwritten tile: on the H200 the 128-token config's
-    sums differed from run to run. The kernel makes every step wait for its MMA; here, compiled
-    for sm_90 without a GPU at each autotune candidate, the loop body's one MMA is waited for
-    (``pendings = 0``) before the body's first prefetch."""
+    flight across that prefetch reads a half-overwritten tile: on the H200 the 128-token config
+    (an autotune candidate then) summed differently from run to run. The kernel makes every step
+    wait for its MMA; here, compiled for sm_90 without a GPU at each of the projection's tiles,
+    the loop body's one MMA is waited for (``pendings = 0``) before the body's first prefetch."""
     code = r"""
 import json, re, triton
 from triton.backends.compiler import GPUTarget
