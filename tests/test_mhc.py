@@ -347,9 +347,7 @@ def test_autotuner_runs_once_per_power_of_two_of_T(monkeypatch):
     tunes again."""
     poison_allocations(monkeypatch)
     H = 1000  # a width no other test tunes, so that the first call below tunes its bucket
-    # the projection has one tile: Triton's autotuner launches a lone config without a round
-    assert len(K.PROJECT_CONFIGS) == 1
-    tuned = (K._fuse_tuned, K._post_tuned)
+    tuned = (K._fuse_tuned, K._post_tuned)  # the projection has one tile: nothing to tune
 
     def call(T):
         residual, fn, scale, base = make_inputs(T, H, seed=T)
@@ -365,7 +363,6 @@ def test_autotuner_runs_once_per_power_of_two_of_T(monkeypatch):
     tuned_600 = call(600)
     assert call(1000) == tuned_600  # same bucket (and the same split count): no new round
     assert all(b > a for a, b in zip(tuned_600, call(1025), strict=True))
-    assert not K._project_tuned.cache  # never timed
 
 
 OUTPUTS = ("layer_input", "post_mix", "comb_mix", "mhc_post")
@@ -383,25 +380,22 @@ def assert_written_and_repeated(got, want, call: str) -> None:
 
 def _launch_config(config: triton.Config) -> dict:
     """A config of the autotuner's candidates as the launchers' ``config`` argument takes it."""
-    return {**config.kwargs, "num_warps": config.num_warps,
-            **({"num_stages": config.num_stages} if "BLOCK_K" in config.kwargs else {})}
+    return {**config.kwargs, "num_warps": config.num_warps}
 
 
-# every candidate the autotuner may pick on a GPU: the projection's with a fixed big-fuse tile,
-# the streaming kernels' with a fixed projection tile
-AUTOTUNE_CANDIDATES = ([("project", i) for i in range(len(K.PROJECT_CONFIGS))]
-                       + [("stream", i) for i in range(len(K.STREAM_CONFIGS))])
+# every candidate the autotuner may pick on a GPU (the streaming kernels'; the projection has one
+# tile), beside the projection's tile
+AUTOTUNE_CANDIDATES = range(len(K.STREAM_CONFIGS))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H", [(1000, 4096), (999, 4000)])
-@pytest.mark.parametrize("which,i", AUTOTUNE_CANDIDATES)
-def test_every_autotune_candidate_writes_everything_and_repeats(T, H, which, i, monkeypatch):
+@pytest.mark.parametrize("i", AUTOTUNE_CANDIDATES)
+def test_every_autotune_candidate_writes_everything_and_repeats(T, H, i, monkeypatch):
     """Whichever config the autotuner picks, every output element is written (NaN-poisoned
     allocations) and a second and third call give the same bits: the kernels hold no race."""
     poison_allocations(monkeypatch)
-    project = _launch_config(K.PROJECT_CONFIGS[i if which == "project" else 0])
-    stream = _launch_config(K.STREAM_CONFIGS[i]) if which == "stream" else STREAM_CFG
+    project, stream = dict(K.PROJECT_TILE), _launch_config(K.STREAM_CONFIGS[i])
     residual, fn, scale, base = make_inputs(T, H)
     x = residual[:, 1].contiguous()
     post, comb = torch.rand(T, 4, device=DEVICE), torch.rand(T, 4, 4, device=DEVICE)
@@ -444,8 +438,8 @@ def test_projection_waits_for_its_mma_before_the_next_prefetch():
     the slot a step reads is the one that the same step's prefetch refills. An MMA left in
     flight across that prefetch reads a half-overwritten tile: on the H200 the 128-token config
     (an autotune candidate then) summed differently from run to run. The kernel makes every step
-    wait for its MMA; here, compiled for sm_90 without a GPU at each of the projection's tiles,
-    the loop body's one MMA is waited for (``pendings = 0``) before the body's first prefetch."""
+    wait for its MMA; here, compiled for sm_90 without a GPU at the projection's tile, the loop
+    body's one MMA is waited for (``pendings = 0``) before the body's first prefetch."""
     code = r"""
 import json, re, triton
 from triton.backends.compiler import GPUTarget
@@ -454,24 +448,20 @@ from kernelnotes.mhc import kernel as K
 sig = dict(x_ptr="*bf16", w_ptr="*bf16", dot_ptr="*fp32", sq_ptr="*fp32", T="i32", K="i32",
            K_SPLIT="i32", BLOCK_T="constexpr", BLOCK_K="constexpr", MMA_BF16="constexpr")
 aligned = [["tt.divisibility", 16]]  # the pointers, K and K_SPLIT, as at H = 4096 or 7168
-out = []
-for cfg in K.PROJECT_CONFIGS:
-    cx = dict(cfg.kwargs, MMA_BF16=True)
-    src = ASTSource(fn=K._mhc_project_kernel, signature=sig, constexprs=cx,
-                    attrs={(i,): aligned for i in (0, 1, 2, 3, 5, 6)})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                        options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    ir = ck.asm["ttgir"]
-    body = ir[ir.index("scf.for"):ir.index("scf.yield")]
-    ops = re.findall(r"ttng\.warp_group_dot_wait[^\n]*?pendings = (\d+)|"
-                     r"(ttng\.warp_group_dot |ttg\.async_copy_global_to_local)", body)
-    out.append([("wait" + p) if p else ("mma" if "dot" in o else "copy") for p, o in ops])
-print(json.dumps(out))
+tile = dict(K.PROJECT_TILE)
+options = dict(num_warps=tile.pop("num_warps"), num_stages=tile.pop("num_stages"))
+src = ASTSource(fn=K._mhc_project_kernel, signature=sig, constexprs=dict(tile, MMA_BF16=True),
+                attrs={(i,): aligned for i in (0, 1, 2, 3, 5, 6)})
+ir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
+body = ir[ir.index("scf.for"):ir.index("scf.yield")]
+ops = re.findall(r"ttng\.warp_group_dot_wait[^\n]*?pendings = (\d+)|"
+                 r"(ttng\.warp_group_dot |ttg\.async_copy_global_to_local)", body)
+print(json.dumps([("wait" + p) if p else ("mma" if "dot" in o else "copy") for p, o in ops]))
 """
-    for config, ops in zip(K.PROJECT_CONFIGS, compiled_offline(code), strict=True):
-        mma, first_copy = ops.index("mma"), ops.index("copy")
-        assert ops.count("mma") == 1 and mma < first_copy, (str(config), ops)
-        assert "wait0" in ops[mma:first_copy], (str(config), ops)
+    ops = compiled_offline(code)
+    mma, first_copy = ops.index("mma"), ops.index("copy")
+    assert ops.count("mma") == 1 and mma < first_copy, ops
+    assert "wait0" in ops[mma:first_copy], ops
 
 
 # ---- refusals ----------------------------------------------------------------------------------

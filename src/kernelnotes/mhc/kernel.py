@@ -365,7 +365,7 @@ STREAM_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_H": h}, num_warps=w)
 # 8192 at both H (by 12% to 21% up to T = 512, 1% to 2% at 1024), where the autotuner, timing
 # the kernel alone from a cold L2, had picked 128 x 64 for some T (post 08). One tile also keeps
 # mhc_pre's bits from depending on which tile a process's autotuner picked.
-PROJECT_CONFIGS = [triton.Config({"BLOCK_T": 64, "BLOCK_K": 128}, num_warps=4, num_stages=3)]
+PROJECT_TILE = {"BLOCK_T": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
 K_SPLIT_ALIGN = 256  # split boundaries on multiples of every BLOCK_K, so S is config-free
 MAX_SPLITS = 16  # the big-fuse kernel unrolls its split sums: keep S (and its code) small
 # Under the interpreter there is nothing to tune: one small fixed configuration.
@@ -375,7 +375,6 @@ INTERPRETER_CONFIG = {"project": {"BLOCK_T": 16, "BLOCK_K": 64, "num_warps": 4, 
 # that its tests' T = 5 and 33 leave a masked tail.
 META_T = {"cuda": 128, "cpu": 16}
 
-_project_tuned = triton.autotune(PROJECT_CONFIGS, key=["K", "T"])(_mhc_project_kernel)
 _fuse_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T", "S"])(_mhc_pre_fuse_kernel)
 _post_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T"])(_mhc_post_kernel)
 # --8<-- [end:configs]
@@ -611,9 +610,9 @@ def _project(residual, w, num_splits, config):
     args = (residual, w, dot_mix, sqrsum, T, K, k_split)
     grid = lambda meta: (S, cdiv(T, meta["BLOCK_T"]))  # noqa: E731
     mma_bf16 = residual.device.type == "cuda"
-    if config is None:
-        _run_tuned(_project_tuned, grid, ("project", K, _tokens_key(T), residual.device), *args,
-                   MMA_BF16=mma_bf16)
+    if config is None:  # on a GPU: the one tile
+        _launch(_mhc_project_kernel, grid(PROJECT_TILE), ("project", residual.device), args,
+                {**PROJECT_TILE, "MMA_BF16": mma_bf16})
     else:
         cfg = dict(config["project"])
         _mhc_project_kernel[grid(cfg)](*args, MMA_BF16=mma_bf16, **cfg)
