@@ -383,8 +383,8 @@ def _launch_config(config: triton.Config) -> dict:
     return {**config.kwargs, "num_warps": config.num_warps}
 
 
-# every candidate the autotuner may pick on a GPU (the streaming kernels'; the projection has one
-# tile), beside the projection's tile
+# every tile the autotuner may pick on a GPU (the streaming kernels'), each beside the projection's
+# one tile
 AUTOTUNE_CANDIDATES = range(len(K.STREAM_CONFIGS))
 
 
