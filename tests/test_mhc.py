@@ -446,11 +446,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelnotes.mhc import kernel as K
 sig = dict(x_ptr="*bf16", w_ptr="*bf16", dot_ptr="*fp32", sq_ptr="*fp32", T="i32", K="i32",
-           K_SPLIT="i32", BLOCK_T="constexpr", BLOCK_K="constexpr", MMA_BF16="constexpr")
+           K_SPLIT="i32", BLOCK_T="constexpr", BLOCK_K="constexpr", MMA_BF16="constexpr",
+           PDL="constexpr")
 aligned = [["tt.divisibility", 16]]  # the pointers, K and K_SPLIT, as at H = 4096 or 7168
 tile = dict(K.PROJECT_TILE)
-options = dict(num_warps=tile.pop("num_warps"), num_stages=tile.pop("num_stages"))
-src = ASTSource(fn=K._mhc_project_kernel, signature=sig, constexprs=dict(tile, MMA_BF16=True),
+options = dict(num_warps=tile.pop("num_warps"), num_stages=tile.pop("num_stages"),
+               launch_pdl=True)
+src = ASTSource(fn=K._mhc_project_kernel, signature=sig,
+                constexprs=dict(tile, MMA_BF16=True, PDL=True),
                 attrs={(i,): aligned for i in (0, 1, 2, 3, 5, 6)})
 ir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
 body = ir[ir.index("scf.for"):ir.index("scf.yield")]
@@ -462,6 +465,60 @@ print(json.dumps([("wait" + p) if p else ("mma" if "dot" in o else "copy") for p
     mma, first_copy = ops.index("mma"), ops.index("copy")
     assert ops.count("mma") == 1 and mma < first_copy, ops
     assert "wait0" in ops[mma:first_copy], ops
+
+
+def test_dependent_launches_wait_before_their_first_read():
+    """On a GPU, mhc_pre's projection and big-fuse are programmatic dependent launches: each may
+    start while the kernel ahead of it (the split, the projection) is still running, so it must
+    not read memory before ``gdc_wait``. Compiled for sm_90 without a GPU, as mhc_pre launches
+    them: in each kernel's PTX the one ``griddepcontrol.wait`` comes before the first global
+    load (plain or ``cp.async``), and the kernels ahead of them let them launch
+    (``griddepcontrol.launch_dependents``; the projection's after its K loop)."""
+    code = r"""
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernelnotes.mhc import kernel as K
+
+def ptx(fn, types, consts, **options):
+    sig = {name: types.get(name, "constexpr") for name in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+f32, bf16 = "*fp32", "*bf16"
+tile = dict(K.PROJECT_TILE)
+warps, stages = tile.pop("num_warps"), tile.pop("num_stages")
+project = ptx(K._mhc_project_kernel,
+              dict(x_ptr=bf16, w_ptr=bf16, dot_ptr=f32, sq_ptr=f32, T="i32", K="i32",
+                   K_SPLIT="i32"), dict(tile, MMA_BF16=True, PDL=True),
+              num_warps=warps, num_stages=stages, launch_pdl=True)
+fuse = ptx(K._mhc_pre_fuse_kernel,
+           dict(dot_ptr=f32, sq_ptr=f32, res_ptr=bf16, scale_ptr=f32, base_ptr=f32, li_ptr=bf16,
+                post_ptr=f32, comb_ptr=f32, T="i32", H="i32", S="i32", inv_k="fp32",
+                rms_eps="fp32", pre_eps="fp32", sinkhorn_eps="fp32", post_mult="fp32",
+                sinkhorn_iters="i32"),
+           dict(S_MAX=2, REVERSE=True, META_T=128, BLOCK_T=1, BLOCK_H=1024, PDL=True),
+           num_warps=4, launch_pdl=True)
+split = ptx(K._mhc_split_fn_kernel, dict(fn_ptr=f32, w_ptr=bf16, n="i32"),
+            dict(BLOCK=K.SPLIT_TILE["BLOCK"], PDL=True), num_warps=K.SPLIT_TILE["num_warps"])
+
+def order(text):
+    pattern = (r"griddepcontrol\.wait|griddepcontrol\.launch_dependents|ld\.global"
+               r"|cp\.async\.c[ag]")
+    marks = {m.start(): m.group(0) for m in re.finditer(pattern, text)}
+    return [marks[i] for i in sorted(marks)]
+
+print(json.dumps({"project": order(project), "fuse": order(fuse), "split": order(split)}))
+"""
+    ops = compiled_offline(code)
+    for name in ("project", "fuse"):
+        seq = ops[name]
+        assert seq.count("griddepcontrol.wait") == 1, (name, seq)
+        assert seq[0] == "griddepcontrol.wait", (name, seq)
+        assert any(op.startswith(("ld.global", "cp.async")) for op in seq), (name, seq)
+    assert "griddepcontrol.launch_dependents" in ops["split"], ops["split"]
+    reads = [i for i, op in enumerate(ops["project"]) if op.startswith(("ld.global", "cp.async"))]
+    assert ops["project"].index("griddepcontrol.launch_dependents") > max(reads), ops["project"]
 
 
 # ---- refusals ----------------------------------------------------------------------------------

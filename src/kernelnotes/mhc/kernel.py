@@ -13,6 +13,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernelnotes._grid import cdiv, next_power_of_2
 from kernelnotes._validate import check_kernel_device, check_real, check_tensor, check_tiles
@@ -48,13 +49,15 @@ def _stream_load(ptrs, mask):
 
 # --8<-- [start:split_fn_kernel]
 @triton.jit
-def _mhc_split_fn_kernel(fn_ptr, w_ptr, n, BLOCK: tl.constexpr):
+def _mhc_split_fn_kernel(fn_ptr, w_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """fn (fp32) = hi + lo, two bf16 parts: w[0] = hi, w[1] = lo, each laid out as fn.
 
     bf16 x bf16 products are exact in the MMA's fp32 accumulator, so a bf16 MMA with both parts
     carries fn to 2^-16 relative, where a TF32 MMA would round it to 2^-11. Split once per call,
     not in every tile of the projection: there it would cost more instructions than the MMAs.
     """
+    if PDL:  # the projection may be launched now: it waits in gdc_wait for this whole grid
+        gdc_launch_dependents()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     w = tl.load(fn_ptr + offs, mask=mask, other=0.0)
@@ -75,7 +78,10 @@ def _mhc_project_kernel(
     BLOCK_T: tl.constexpr,  # tokens per program (the M of the MMA)
     BLOCK_K: tl.constexpr,
     MMA_BF16: tl.constexpr,  # False only under the interpreter (see below)
+    PDL: tl.constexpr,  # launched as a programmatic dependent of the split (a GPU only)
 ):
+    if PDL:  # before any read: w is the split's output, the residual the kernel's before it
+        gdc_wait()
     pid_s = tl.program_id(0)  # splits fastest: a token block's whole row is read at one time
     pid_t = tl.program_id(1)
     offs_t = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -108,6 +114,8 @@ def _mhc_project_kernel(
             acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
         xf = x.to(tl.float32)
         sq += xf * xf
+    if PDL:  # the big-fuse may be launched now, to wait in its gdc_wait for these stores
+        gdc_launch_dependents()
 
     hi, lo = tl.split(tl.permute(tl.reshape(acc, (BLOCK_T, 2, 32)), (0, 2, 1)))  # [BT, 32] each
     offs_n = tl.arange(0, 32)
@@ -265,7 +273,10 @@ def _mhc_pre_fuse_kernel(
     META_T: tl.constexpr,  # tokens per metadata program (C_l and Sinkhorn)
     BLOCK_T: tl.constexpr,  # tokens per streaming program
     BLOCK_H: tl.constexpr,  # hidden columns per streaming program
+    PDL: tl.constexpr,  # launched as a programmatic dependent of the projection (a GPU only)
 ):
+    if PDL:  # dot_mix and sqrsum are the projection's: wait for its whole grid
+        gdc_wait()
     # Two kinds of program in one launch. The first cdiv(T, META_T) compute C_l and B_l for
     # META_T tokens each: Sinkhorn is 40 dependent normalisations of 4 x 4 numbers, so it gets
     # programs wide in tokens, not a streaming program's thin token tile. The rest stream the
@@ -366,6 +377,9 @@ STREAM_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_H": h}, num_warps=w)
 # the kernel alone from a cold L2, had picked 128 x 64 for some T (post 08). One tile also keeps
 # mhc_pre's bits from depending on which tile a process's autotuner picked.
 PROJECT_TILE = {"BLOCK_T": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
+# fn's split: a latency-bound kernel of a few microseconds; 2048 elements and 8 warps a program
+# took about 1 us less of the whole mhc_pre than 4096 and 4 (H200, CUDA graphs, both H)
+SPLIT_TILE = {"BLOCK": 2048, "num_warps": 8}
 K_SPLIT_ALIGN = 256  # split boundaries on multiples of every BLOCK_K, so S is config-free
 MAX_SPLITS = 16  # the big-fuse kernel unrolls its split sums: keep S (and its code) small
 # Under the interpreter there is nothing to tune: one small fixed configuration.
@@ -474,7 +488,7 @@ def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps):
 
 
 def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
-          sinkhorn_iters, config, reverse, layer_input=None):
+          sinkhorn_iters, config, reverse, layer_input=None, pdl=False):
     """The big-fuse launch. Given a ``layer_input`` that another kernel has written (the
     one-pass design study, onepass.py), only its metadata programs run: C_l and Sinkhorn."""
     T, _, H = residual.shape
@@ -493,11 +507,13 @@ def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps
     n_meta = cdiv(T, meta_t)
     grid = lambda m: (n_meta + cdiv(T, m["BLOCK_T"]) * cdiv(H, m["BLOCK_H"]),)  # noqa: E731
     s_max = next_power_of_2(S)
-    fixed = dict(S_MAX=s_max, REVERSE=reverse, META_T=meta_t)
+    fixed = dict(S_MAX=s_max, REVERSE=reverse, META_T=meta_t, PDL=pdl)
+    if pdl:
+        fixed["launch_pdl"] = True
     if written:  # a grid of metadata programs alone: the streaming tile sizes go unused
         _mhc_pre_fuse_kernel[(n_meta,)](*args, **fixed, BLOCK_T=1, BLOCK_H=512, num_warps=4)
     elif config is None:
-        key = ("fuse", H, _tokens_key(T), S, reverse, residual.device)
+        key = ("fuse", H, _tokens_key(T), S, reverse, pdl, residual.device)
         _run_tuned(_fuse_tuned, grid, key, *args, **fixed)
     else:
         cfg = dict(config)
@@ -514,8 +530,10 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
     arXiv:2512.24880, sec. 4.3.1): the projection runs on the un-normalised residual and is
     divided by the RMS afterwards. Three launches: fn split into bf16 hi + lo parts, a split-K
     projection that reads the residual once and writes ``dot_mix`` [S, T, 24] and
-    ``sqrsum`` [S, T], then the big-fuse kernel (see :func:`mhc_pre_from_mixes`). Given fn
-    already split by :func:`split_fn` (once, when the weights load), two launches, the same bits.
+    ``sqrsum`` [S, T], then the big-fuse kernel (see :func:`mhc_pre_from_mixes`). On a GPU the
+    projection and the big-fuse are programmatic dependent launches: each is launched while the
+    kernel before it drains and waits for it before its first read. Given fn already split by
+    :func:`split_fn` (once, when the weights load), two launches, the same bits.
 
     Args:
         residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1, any H.
@@ -565,7 +583,7 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
     # backwards, to meet the projection's last reads in L2; on an H200 that buys ~nothing (post 08)
     return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
                  post_mult, sinkhorn_iters, None if config is None else config["fuse"],
-                 reverse=True)
+                 reverse=True, pdl=residual.device.type == "cuda")
 
 
 def split_fn(fn):
@@ -588,8 +606,8 @@ def _split_fn(fn):
     """fn [24, K] fp32 -> [2, 24, K] bf16, its hi and lo parts (_mhc_split_fn_kernel)."""
     n = fn.numel()
     w = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
-    _launch(_mhc_split_fn_kernel, (cdiv(n, 4096),), ("split", fn.device), (fn, w, n),
-            {"BLOCK": 4096})
+    _launch(_mhc_split_fn_kernel, (cdiv(n, SPLIT_TILE["BLOCK"]),), ("split", fn.device), (fn, w, n),
+            {**SPLIT_TILE, "PDL": fn.device.type == "cuda"})
     return w
 
 
@@ -609,13 +627,16 @@ def _project(residual, w, num_splits, config):
     sqrsum = torch.empty((S, T), dtype=torch.float32, device=residual.device)
     args = (residual, w, dot_mix, sqrsum, T, K, k_split)
     grid = lambda meta: (S, cdiv(T, meta["BLOCK_T"]))  # noqa: E731
-    mma_bf16 = residual.device.type == "cuda"
+    gpu = residual.device.type == "cuda"
+    # on a GPU a programmatic dependent launch (PDL): its programs may start before the kernel
+    # ahead of it in the stream (the split) has finished, and wait for it in gdc_wait
+    pdl = {"PDL": True, "launch_pdl": True} if gpu else {"PDL": False}
     if config is None:  # on a GPU: the one tile
         _launch(_mhc_project_kernel, grid(PROJECT_TILE), ("project", residual.device), args,
-                {**PROJECT_TILE, "MMA_BF16": mma_bf16})
+                {**PROJECT_TILE, "MMA_BF16": gpu, **pdl})
     else:
         cfg = dict(config["project"])
-        _mhc_project_kernel[grid(cfg)](*args, MMA_BF16=mma_bf16, **cfg)
+        _mhc_project_kernel[grid(cfg)](*args, MMA_BF16=gpu, **pdl, **cfg)
     return dot_mix, sqrsum
 
 
