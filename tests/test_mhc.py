@@ -480,9 +480,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelnotes.mhc import kernel as K
 
-def ptx(fn, types, consts, **options):
+def ptx(fn, types, consts, aligned=(), **options):  # aligned: names 16-byte aligned or 16 | n
     sig = {name: types.get(name, "constexpr") for name in fn.arg_names}
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 f32, bf16 = "*fp32", "*bf16"
@@ -491,6 +492,7 @@ warps, stages = tile.pop("num_warps"), tile.pop("num_stages")
 project = ptx(K._mhc_project_kernel,
               dict(x_ptr=bf16, w_ptr=bf16, dot_ptr=f32, sq_ptr=f32, T="i32", K="i32",
                    K_SPLIT="i32"), dict(tile, MMA_BF16=True, PDL=True),
+              ("x_ptr", "w_ptr", "dot_ptr", "sq_ptr", "K", "K_SPLIT"),  # as at H = 4096, 7168
               num_warps=warps, num_stages=stages, launch_pdl=True)
 fuse = ptx(K._mhc_pre_fuse_kernel,
            dict(dot_ptr=f32, sq_ptr=f32, res_ptr=bf16, scale_ptr=f32, base_ptr=f32, li_ptr=bf16,
@@ -498,9 +500,11 @@ fuse = ptx(K._mhc_pre_fuse_kernel,
                 rms_eps="fp32", pre_eps="fp32", sinkhorn_eps="fp32", post_mult="fp32",
                 sinkhorn_iters="i32"),
            dict(S_MAX=2, REVERSE=True, META_T=128, BLOCK_T=1, BLOCK_H=1024, PDL=True),
+           ("dot_ptr", "sq_ptr", "res_ptr", "li_ptr", "post_ptr", "comb_ptr", "H"),
            num_warps=4, launch_pdl=True)
 split = ptx(K._mhc_split_fn_kernel, dict(fn_ptr=f32, w_ptr=bf16, n="i32"),
-            dict(BLOCK=K.SPLIT_TILE["BLOCK"], PDL=True), num_warps=K.SPLIT_TILE["num_warps"])
+            dict(BLOCK=K.SPLIT_TILE["BLOCK"], PDL=True), ("fn_ptr", "w_ptr", "n"),
+            num_warps=K.SPLIT_TILE["num_warps"])
 
 def order(text):
     pattern = (r"griddepcontrol\.wait|griddepcontrol\.launch_dependents|ld\.global"
