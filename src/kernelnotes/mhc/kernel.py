@@ -487,6 +487,13 @@ def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps):
         raise ValueError(f"sinkhorn_iters must be an int >= 1, got {sinkhorn_iters!r}")
 
 
+def _dependent(on: bool) -> dict:
+    """Launch arguments of a kernel with a ``PDL`` constexpr: with ``on`` (a GPU only), a
+    programmatic dependent launch, whose programs may start before the kernel ahead of it in
+    the stream has finished and wait for it in gdc_wait; else a plain launch."""
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
 def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
           sinkhorn_iters, config, reverse, layer_input=None, pdl=False):
     """The big-fuse launch. Given a ``layer_input`` that another kernel has written (the
@@ -507,9 +514,7 @@ def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps
     n_meta = cdiv(T, meta_t)
     grid = lambda m: (n_meta + cdiv(T, m["BLOCK_T"]) * cdiv(H, m["BLOCK_H"]),)  # noqa: E731
     s_max = next_power_of_2(S)
-    fixed = dict(S_MAX=s_max, REVERSE=reverse, META_T=meta_t, PDL=pdl)
-    if pdl:
-        fixed["launch_pdl"] = True
+    fixed = dict(S_MAX=s_max, REVERSE=reverse, META_T=meta_t, **_dependent(pdl))
     if written:  # a grid of metadata programs alone: the streaming tile sizes go unused
         _mhc_pre_fuse_kernel[(n_meta,)](*args, **fixed, BLOCK_T=1, BLOCK_H=512, num_warps=4)
     elif config is None:
@@ -628,15 +633,12 @@ def _project(residual, w, num_splits, config):
     args = (residual, w, dot_mix, sqrsum, T, K, k_split)
     grid = lambda meta: (S, cdiv(T, meta["BLOCK_T"]))  # noqa: E731
     gpu = residual.device.type == "cuda"
-    # on a GPU a programmatic dependent launch (PDL): its programs may start before the kernel
-    # ahead of it in the stream (the split) has finished, and wait for it in gdc_wait
-    pdl = {"PDL": True, "launch_pdl": True} if gpu else {"PDL": False}
     if config is None:  # on a GPU: the one tile
         _launch(_mhc_project_kernel, grid(PROJECT_TILE), ("project", residual.device), args,
-                {**PROJECT_TILE, "MMA_BF16": gpu, **pdl})
+                {**PROJECT_TILE, "MMA_BF16": gpu, **_dependent(gpu)})
     else:
         cfg = dict(config["project"])
-        _mhc_project_kernel[grid(cfg)](*args, MMA_BF16=gpu, **pdl, **cfg)
+        _mhc_project_kernel[grid(cfg)](*args, MMA_BF16=gpu, **_dependent(gpu), **cfg)
     return dot_mix, sqrsum
 
 
