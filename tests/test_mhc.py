@@ -431,16 +431,68 @@ def test_direct_launch_specialises_on_alignment(monkeypatch):
         assert rel_err(a, b) < (TOL_BF16 if a.dtype == torch.bfloat16 else TOL_GATES_PROJECTED)
 
 
-def test_projection_waits_for_its_mma_before_the_next_prefetch():
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H", [(1000, 4096), (8192, 7168), (777, 4000)])
+def test_wide_projection_tile_gives_the_64_token_tiles_bits(T, H, monkeypatch):
+    """Where its grid fills the GPU, mhc_pre projects with 128-token tiles (PROJECT_TILE_WIDE),
+    elsewhere with 64-token ones. Both take the same K-splits and the same 128 columns a step, so
+    dot_mix and sqrsum must have the same bits, written everywhere (NaN-poisoned allocations,
+    T not a multiple of 128) and repeated from call to call."""
+    poison_allocations(monkeypatch)
+    residual, fn = make_inputs(T, H)[:2]
+    w = K.split_fn(fn)
+    S = 2
+    got = {}
+    for name in ("PROJECT_TILE", "PROJECT_TILE_WIDE"):
+        config = {"project": dict(getattr(K, name)), "fuse": {}}
+        first = K._project(residual, w, S, config)
+        again = K._project(residual, w, S, config)
+        for out, a, b in zip(("dot_mix", "sqrsum"), first, again, strict=True):
+            assert not a.isnan().any(), f"{name}: {out} has unwritten (NaN) elements"
+            assert torch.equal(a, b), f"{name}: {out} differs from call to call"
+        got[name] = first
+    for a, b in zip(got["PROJECT_TILE"], got["PROJECT_TILE_WIDE"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_wide_projection_tile_only_where_its_grid_fills_the_gpu(monkeypatch):
+    """_fills: one 128-token program an SM for each (token block, split) must cover FILL of the
+    SMs; on an H200 (132 SMs) T = 8192 with two splits does (128 programs), T = 512 with the
+    most splits does not (64)."""
+    monkeypatch.setattr(K, "_sm_count", lambda device: 132)
+    assert K._fills(8192, 2, None) and K._fills(1024, 16, None)
+    assert not K._fills(512, 16, None) and not K._fills(8192, 1, None)
+    assert K._fills(1000, 15, None) == (8 * 15 >= K.FILL * 132)
+
+
+@pytest.mark.gpu
+def test_direct_launches_call_the_launch_hooks():
+    """After its first call, mhc_pre launches its compiled kernels itself (kernel._launch), not
+    through Triton's runner; a profiler's launch hook (Proton's) must still see every launch."""
+    from triton import knobs
+
+    residual, fn, scale, base = make_inputs(33, 256)
+    mhc_pre(residual, fn, scale, base)  # compiles and caches the three kernels
+    seen = []
+    knobs.runtime.launch_enter_hook = lambda meta: seen.append(meta.get()["name"])
+    try:
+        mhc_pre(residual, fn, scale, base)
+    finally:
+        knobs.runtime.launch_enter_hook = None
+    assert seen == ["_mhc_split_fn_kernel", "_mhc_project_kernel", "_mhc_pre_fuse_kernel"]
+
+
+@pytest.mark.parametrize("tile", ["PROJECT_TILE", "PROJECT_TILE_WIDE"])
+def test_projection_waits_for_its_mma_before_the_next_prefetch(tile):
     """The residual tile feeds the projection's MMA from shared memory and the sum of squares from
     registers. Triton's software pipeliner (3.6 on the GPU machine, and the current one) gives
     such a tile one buffer fewer than the tiles that feed only MMAs (triton-lang/triton#6691), so
     the slot a step reads is the one that the same step's prefetch refills. An MMA left in
     flight across that prefetch reads a half-overwritten tile: on the H200 the 128-token config
     (an autotune candidate then) summed differently from run to run. The kernel makes every step
-    wait for its MMA; here, compiled for sm_90 without a GPU at the projection's tile, the loop
-    body's one MMA is waited for (``pendings = 0``) before the body's first prefetch."""
-    code = r"""
+    wait for its MMA; here, compiled for sm_90 without a GPU at each of the projection's tiles,
+    the loop body's one MMA is waited for (``pendings = 0``) before the body's first prefetch."""
+    code = f"TILE = {tile!r}\n" + r"""
 import json, re, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -449,7 +501,7 @@ sig = dict(x_ptr="*bf16", w_ptr="*bf16", dot_ptr="*fp32", sq_ptr="*fp32", T="i32
            K_SPLIT="i32", BLOCK_T="constexpr", BLOCK_K="constexpr", MMA_BF16="constexpr",
            PDL="constexpr")
 aligned = [["tt.divisibility", 16]]  # the pointers, K and K_SPLIT, as at H = 4096 or 7168
-tile = dict(K.PROJECT_TILE)
+tile = dict(getattr(K, TILE))
 options = dict(num_warps=tile.pop("num_warps"), num_stages=tile.pop("num_stages"),
                launch_pdl=True)
 src = ASTSource(fn=K._mhc_project_kernel, signature=sig,
@@ -467,14 +519,15 @@ print(json.dumps([("wait" + p) if p else ("mma" if "dot" in o else "copy") for p
     assert "wait0" in ops[mma:first_copy], ops
 
 
-def test_dependent_launches_wait_before_their_first_read():
+@pytest.mark.parametrize("tile", ["PROJECT_TILE", "PROJECT_TILE_WIDE"])
+def test_dependent_launches_wait_before_their_first_read(tile):
     """On a GPU, mhc_pre's projection and big-fuse are programmatic dependent launches: each may
     start while the kernel ahead of it (the split, the projection) is still running, so it must
     not read memory before ``gdc_wait``. Compiled for sm_90 without a GPU, as mhc_pre launches
     them: in each kernel's PTX the one ``griddepcontrol.wait`` comes before the first global
     load (plain or ``cp.async``), and the kernels ahead of them let them launch
     (``griddepcontrol.launch_dependents``; the projection's after its K loop)."""
-    code = r"""
+    code = f"TILE = {tile!r}\n" + r"""
 import json, re, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -487,7 +540,7 @@ def ptx(fn, types, consts, aligned=(), **options):  # aligned: names 16-byte ali
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 f32, bf16 = "*fp32", "*bf16"
-tile = dict(K.PROJECT_TILE)
+tile = dict(getattr(K, TILE))
 warps, stages = tile.pop("num_warps"), tile.pop("num_stages")
 project = ptx(K._mhc_project_kernel,
               dict(x_ptr=bf16, w_ptr=bf16, dot_ptr=f32, sq_ptr=f32, T="i32", K="i32",

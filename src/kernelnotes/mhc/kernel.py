@@ -13,7 +13,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.runtime import driver
 
 from kernelnotes._grid import cdiv, next_power_of_2
 from kernelnotes._validate import check_kernel_device, check_real, check_tensor, check_tiles
@@ -377,9 +379,15 @@ STREAM_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_H": h}, num_warps=w)
 # the kernel alone from a cold L2, had picked 128 x 64 for some T (post 08). One tile also keeps
 # mhc_pre's bits from depending on which tile a process's autotuner picked.
 PROJECT_TILE = {"BLOCK_T": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
+# Where one program an SM still fills the GPU (large T), 128 tokens and 4 stages: 192 KB of
+# shared memory, so one program an SM, with 96 KB of the residual in flight on it against 64 KB
+# (two programs, two stages ahead each), and half of fn's bytes per residual byte. It computes
+# the same bits as the 64-token tile (same K-splits and steps; tested on the GPU).
+PROJECT_TILE_WIDE = {"BLOCK_T": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4}
 # fn's split: a latency-bound kernel of a few microseconds; 2048 elements and 8 warps a program
 # took about 1 us less of the whole mhc_pre than 4096 and 4 (H200, CUDA graphs, both H)
 SPLIT_TILE = {"BLOCK": 2048, "num_warps": 8}
+FILL = 0.9  # see _fills
 K_SPLIT_ALIGN = 256  # split boundaries on multiples of every BLOCK_K, so S is config-free
 MAX_SPLITS = 16  # the big-fuse kernel unrolls its split sums: keep S (and its code) small
 # Under the interpreter there is nothing to tune: one small fixed configuration.
@@ -401,17 +409,27 @@ _COMPILED: dict = {}  # (key, specialisation) -> (compiled kernel, its constexpr
 
 def _specialisation(args) -> tuple:
     """What Triton compiles a kernel for besides its constexprs: each tensor's dtype and 16-byte
-    alignment, each int's divisibility by 16, whether it is 1 and whether it fits 32 bits."""
-    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
-                 else (a % 16 == 0, a == 1, -2**31 <= a < 2**31) if isinstance(a, int)
-                 else type(a) for a in args)
+    alignment, each int's divisibility by 16, whether it is 1 and whether it fits 32 bits (an
+    int's residue mod 16, or a pair where it is 1 or does not fit). A flat tuple built in one
+    loop: it runs on every launch, and at small T a call's time is its host time."""
+    spec = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            spec += (a.dtype, a.data_ptr() & 15)
+        elif type(a) is int:
+            spec.append(a & 15 if a != 1 and -0x80000000 <= a < 0x80000000 else (a == 1, a & 15))
+        else:
+            spec.append(type(a))
+    return tuple(spec)
 
 
 def _launch(kernel, grid: tuple, key: tuple, args: tuple, consts: dict) -> None:
     """``kernel[grid](*args, **consts)``; on a GPU, after the first call of a key and argument
     specialisation, the compiled kernel is launched directly. Triton's jit launch binds,
     specialises and hashes every argument on every call to find its compiled kernel; this
-    looks it up by ``key`` (which must fix ``consts``) and a few alignment bits instead."""
+    looks it up by ``key`` (which must fix ``consts``) and a few alignment bits instead, and
+    calls the compiled kernel's launcher as ``CompiledKernel.__getitem__``'s runner does (on
+    the current stream, with Triton's launch hooks) without building a runner every call."""
     if args[0].device.type != "cuda":  # the interpreter: nothing compiled to keep
         kernel[grid](*args, **consts)
         return
@@ -421,9 +439,14 @@ def _launch(kernel, grid: tuple, key: tuple, args: tuple, consts: dict) -> None:
         compiled = kernel[grid](*args, **consts)  # compiles (once per process) and launches
         # the launcher takes every parameter in order, constexprs included (and ignored)
         _COMPILED[spec] = (compiled, tuple(consts[name] for name in kernel.arg_names[len(args):]))
-    else:
-        compiled, tail = hit
-        compiled[(*grid, 1, 1)[:3]](*args, *tail)
+        return
+    compiled, tail = hit
+    grid = (*grid, 1, 1)[:3]
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    enter = knobs.runtime.launch_enter_hook  # a profiler's (Proton's), else None
+    meta = None if enter is None else compiled.launch_metadata(grid, stream, *args, *tail)
+    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta, enter,
+                 knobs.runtime.launch_exit_hook, *args, *tail)
 
 
 def _tokens_key(T: int) -> int:
@@ -633,13 +656,19 @@ def _project(residual, w, num_splits, config):
     args = (residual, w, dot_mix, sqrsum, T, K, k_split)
     grid = lambda meta: (S, cdiv(T, meta["BLOCK_T"]))  # noqa: E731
     gpu = residual.device.type == "cuda"
-    if config is None:  # on a GPU: the one tile
-        _launch(_mhc_project_kernel, grid(PROJECT_TILE), ("project", residual.device), args,
-                {**PROJECT_TILE, "MMA_BF16": gpu, **_dependent(gpu)})
+    if config is None:  # on a GPU: the wide tile where its grid fills the GPU, else the 64-token
+        tile = PROJECT_TILE_WIDE if _fills(T, S, residual.device) else PROJECT_TILE
+        _launch(_mhc_project_kernel, grid(tile), ("project", tile["BLOCK_T"], residual.device),
+                args, {**tile, "MMA_BF16": gpu, **_dependent(gpu)})
     else:
         cfg = dict(config["project"])
         _mhc_project_kernel[grid(cfg)](*args, MMA_BF16=gpu, **_dependent(gpu), **cfg)
     return dot_mix, sqrsum
+
+
+def _fills(T: int, S: int, device) -> bool:
+    """Whether the wide projection tile's grid, one program an SM, covers FILL of the SMs."""
+    return cdiv(T, PROJECT_TILE_WIDE["BLOCK_T"]) * S >= FILL * _sm_count(device)
 
 
 def mhc_pre_from_mixes(dot_mix, sqrsum, residual, scale, base, *, rms_eps=1e-6, pre_eps=1e-6,
