@@ -6,6 +6,8 @@ random), logits are O(1) so that Sinkhorn has work to do, and H does not divide 
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -338,6 +340,62 @@ def test_run_tuned_tunes_a_bucket_once_then_launches_its_choice(monkeypatch):
     assert calls[0][2] == {"S_MAX": 2}
     assert calls[1][1:] == ((250,), {"S_MAX": 2, **Tuned.best_config.all_kwargs()})
     assert calls[2][1] == (256,)
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_direct_launch_calls_the_launcher_as_tritons_runner_does(hooked, monkeypatch):
+    """_launch with stand-ins for a compiled kernel on a GPU: its first call goes through the jit
+    launch; the second calls the compiled kernel's launcher itself, with exactly the arguments
+    that this Triton's own runner (``CompiledKernel.__getitem__``) passes it for the same grid,
+    stream and arguments, launch hooks included. Run by the suite on both machines, this checks
+    the call against the CPU's current Triton and the GPU machine's 3.6 alike."""
+    from triton import knobs
+    from triton.compiler.compiler import CompiledKernel
+
+    runs = []
+
+    class Compiled:  # what kernel[grid](...) returns: the compiled kernel, its handles loaded
+        function, packed_metadata = "function handle", ("packed", "metadata")
+
+        def _init_handles(self):
+            pass
+
+        def launch_metadata(self, grid, stream, *args):  # as CompiledKernel's: None unhooked
+            return None if knobs.runtime.launch_enter_hook is None else (grid, stream, args)
+
+        def run(self, *launcher_args):
+            runs.append(launcher_args)
+
+    compiled = Compiled()
+
+    class Kernel:  # the jit function; its launch compiles, launches, returns the compiled kernel
+        arg_names = ["x_ptr", "n", "BLOCK"]
+
+        def __getitem__(self, grid):
+            return lambda *args, **consts: compiled
+
+    class Active:  # triton.runtime.driver.active, as the GPU machine's
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return 0xC0FFEE
+
+    class OnGpu:  # an argument on a CUDA device
+        class device:
+            type = "cuda"
+
+    monkeypatch.setattr(K, "_COMPILED", {})
+    monkeypatch.setattr(K, "driver", types.SimpleNamespace(active=Active()))
+    hooks = (lambda meta: None, lambda meta: None) if hooked else (None, None)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hooks[0])
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", hooks[1])
+    x = OnGpu()
+    for _ in range(2):
+        K._launch(Kernel(), (5, 3), ("stand-in",), (x, 7), {"BLOCK": 16})
+    assert len(runs) == 1  # the first call was the jit launch
+    CompiledKernel.__getitem__(compiled, (5, 3, 1))(x, 7, 16, stream=0xC0FFEE)
+    assert runs[0] == runs[1]
 
 
 @pytest.mark.gpu
