@@ -574,7 +574,8 @@ def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_e
         post_mult: C_l = post_mult * sigmoid(.) (DeepSeek-V4: 2.0; FlashInfer's default 1.0).
         sinkhorn_iters: row + column normalisations (DeepSeek-V4: 20).
         num_splits: K-splits of the projection (default: enough programs to fill the GPU).
-        config: None (on a GPU the projection's one tile, PROJECT_TILE, and an autotuned
+        config: None (on a GPU the projection's fixed tiles, PROJECT_TILE_WIDE where its grid
+            fills the GPU and PROJECT_TILE elsewhere, with the same bits, and an autotuned
             big-fuse tile; a small fixed one under the interpreter) or
             ``{"project": {...}, "fuse": {...}}`` with ``project`` keys BLOCK_T, BLOCK_K
             (dividing 256), num_warps, num_stages and ``fuse`` keys BLOCK_T, BLOCK_H,
