@@ -379,9 +379,9 @@ STREAM_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_H": h}, num_warps=w)
 # timing the kernel alone from a cold L2, had picked 128 x 64 for some T (post 08). Fixed tiles
 # with the same bits also keep mhc_pre's bits from depending on a process's autotuner.
 PROJECT_TILE = {"BLOCK_T": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
-# Where one program an SM still fills the GPU (_fills; T = 8192), 128 tokens and 4 stages: 192 KB
-# of shared memory, so one program an SM, with 96 KB of the residual in flight on it against
-# 64 KB (two programs, two stages ahead each), and half of fn's bytes per residual byte. The same
+# Where one program an SM still fills the GPU (_fills; T = 8192), 128 tokens and 4 stages: 160 KiB
+# of shared memory, so one program an SM, with 64 KiB of the residual in flight on it against
+# 32 KiB (two programs, one step ahead each), and half of fn's bytes per residual byte. The same
 # bits as the 64-token tile (same K-splits and steps; tested on the GPU); on the H200 1.9 us off
 # the whole mhc_pre's GPU time at T = 8192, H = 7168, level at 4096 and at T = 1024 (post 08).
 PROJECT_TILE_WIDE = {"BLOCK_T": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4}
