@@ -513,14 +513,13 @@ def test_wide_projection_tile_gives_the_64_token_tiles_bits(T, H, monkeypatch):
         assert torch.equal(a, b)
 
 
-def test_wide_projection_tile_only_where_its_grid_fills_the_gpu(monkeypatch):
+def test_wide_projection_tile_only_where_its_grid_fills_the_gpu():
     """_fills: one 128-token program an SM for each (token block, split) must cover FILL of the
     SMs; on an H200 (132 SMs) T = 8192 with two splits does (128 programs), T = 512 with the
     most splits does not (64)."""
-    monkeypatch.setattr(K, "_sm_count", lambda device: 132)
-    assert K._fills(8192, 2, None) and K._fills(1024, 16, None)
-    assert not K._fills(512, 16, None) and not K._fills(8192, 1, None)
-    assert K._fills(1000, 15, None) == (8 * 15 >= K.FILL * 132)
+    assert K._fills(8192, 2, 132) and K._fills(1024, 16, 132)
+    assert not K._fills(512, 16, 132) and not K._fills(8192, 1, 132)
+    assert K._fills(1000, 15, 132) == (8 * 15 >= K.FILL * 132)
 
 
 @pytest.mark.gpu

@@ -645,21 +645,15 @@ def _project(residual, w, num_splits, config):
     """dot_mix [S, T, 24] and sqrsum [S, T] by the split-K projection."""
     T, _, H = residual.shape
     K = N_HC * H
-    if num_splits is None:
-        # ~2 programs per SM (64-token blocks): long K loops keep the load pipeline full, and
-        # few splits keep the partials that the big-fuse kernel sums few (H200 sweep at
-        # T = 8192: 2 splits 81 us, 16 splits 92 us for H = 4096)
-        want = 2 * _sm_count(residual.device) // cdiv(T, 64)
-        num_splits = max(1, min(want, cdiv(K, K_SPLIT_ALIGN), MAX_SPLITS))
-    k_split = cdiv(cdiv(K, num_splits), K_SPLIT_ALIGN) * K_SPLIT_ALIGN
-    S = cdiv(K, k_split)  # every split non-empty
+    sms = _sm_count(residual.device)
+    S, k_split = _splits(T, K, num_splits, sms)
     dot_mix = torch.empty((S, T, N_MIX), dtype=torch.float32, device=residual.device)
     sqrsum = torch.empty((S, T), dtype=torch.float32, device=residual.device)
     args = (residual, w, dot_mix, sqrsum, T, K, k_split)
     grid = lambda meta: (S, cdiv(T, meta["BLOCK_T"]))  # noqa: E731
     gpu = residual.device.type == "cuda"
     if config is None:  # on a GPU: the wide tile where its grid fills the GPU, else the 64-token
-        tile = PROJECT_TILE_WIDE if _fills(T, S, residual.device) else PROJECT_TILE
+        tile = PROJECT_TILE_WIDE if _fills(T, S, sms) else PROJECT_TILE
         _launch(_mhc_project_kernel, grid(tile), ("project", tile["BLOCK_T"], residual.device),
                 args, {**tile, "MMA_BF16": gpu, **_dependent(gpu)})
     else:
@@ -668,9 +662,21 @@ def _project(residual, w, num_splits, config):
     return dot_mix, sqrsum
 
 
-def _fills(T: int, S: int, device) -> bool:
-    """Whether the wide projection tile's grid, one program an SM, covers FILL of the SMs."""
-    return cdiv(T, PROJECT_TILE_WIDE["BLOCK_T"]) * S >= FILL * _sm_count(device)
+def _splits(T: int, K: int, num_splits: int | None, sms: int) -> tuple[int, int]:
+    """(S, K columns per split) of the projection on a GPU of ``sms`` SMs: ``num_splits``, or by
+    default ~2 programs per SM of 64-token blocks. Long K loops keep the load pipeline full, and
+    few splits keep the partials that the big-fuse kernel sums few (H200 sweep at T = 8192:
+    2 splits 81 us, 16 splits 92 us for H = 4096). Split boundaries fall on multiples of
+    K_SPLIT_ALIGN, and every split is non-empty."""
+    if num_splits is None:
+        num_splits = max(1, min(2 * sms // cdiv(T, 64), cdiv(K, K_SPLIT_ALIGN), MAX_SPLITS))
+    k_split = cdiv(cdiv(K, num_splits), K_SPLIT_ALIGN) * K_SPLIT_ALIGN
+    return cdiv(K, k_split), k_split
+
+
+def _fills(T: int, S: int, sms: int) -> bool:
+    """Whether the wide projection tile's grid, one program an SM, covers FILL of ``sms`` SMs."""
+    return cdiv(T, PROJECT_TILE_WIDE["BLOCK_T"]) * S >= FILL * sms
 
 
 def mhc_pre_from_mixes(dot_mix, sqrsum, residual, scale, base, *, rms_eps=1e-6, pre_eps=1e-6,
