@@ -548,7 +548,11 @@ def test_projection_waits_for_its_mma_before_the_next_prefetch(tile):
     flight across that prefetch reads a half-overwritten tile: on the H200 the 128-token config
     (an autotune candidate then) summed differently from run to run. The kernel makes every step
     wait for its MMA; here, compiled for sm_90 without a GPU at each of the projection's tiles,
-    the loop body's one MMA is waited for (``pendings = 0``) before the body's first prefetch."""
+    the loop body's one MMA is waited for (``pendings = 0``) before the body's first prefetch.
+
+    The same compile shows the buffers: the 64-token tile's (two of the residual's tiles, three
+    of fn's) take 80 KiB, so two programs share an SM's 228 KiB; the wide tile's (three and
+    four) take 160 KiB, one program an SM. Post 08 counts the bytes in flight from these."""
     code = f"TILE = {tile!r}\n" + r"""
 import json, re, triton
 from triton.backends.compiler import GPUTarget
@@ -564,50 +568,23 @@ options = dict(num_warps=tile.pop("num_warps"), num_stages=tile.pop("num_stages"
 src = ASTSource(fn=K._mhc_project_kernel, signature=sig,
                 constexprs=dict(tile, MMA_BF16=True, PDL=True),
                 attrs={(i,): aligned for i in (0, 1, 2, 3, 5, 6)})
-ir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
+compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+ir = compiled.asm["ttgir"]
 body = ir[ir.index("scf.for"):ir.index("scf.yield")]
 ops = re.findall(r"ttng\.warp_group_dot_wait[^\n]*?pendings = (\d+)|"
                  r"(ttng\.warp_group_dot |ttg\.async_copy_global_to_local)", body)
-print(json.dumps([("wait" + p) if p else ("mma" if "dot" in o else "copy") for p, o in ops]))
+buffers = re.findall(r"ttg\.local_alloc[^\n]*?-> !ttg\.memdesc<(\d+)x(\d+)x(\d+)xbf16", ir)
+print(json.dumps({"ops": [("wait" + p) if p else ("mma" if "dot" in o else "copy") for p, o in ops],
+                  "shared": compiled.metadata.shared, "buffers": sorted(buffers)}))
 """
-    ops = compiled_offline(code)
+    got = compiled_offline(code)
+    want = {"PROJECT_TILE": (80, [["2", "64", "128"], ["3", "128", "64"]]),
+            "PROJECT_TILE_WIDE": (160, [["3", "128", "128"], ["4", "128", "64"]])}[tile]
+    assert (got["shared"], got["buffers"]) == (want[0] * 2**10, want[1]), got
+    ops = got["ops"]
     mma, first_copy = ops.index("mma"), ops.index("copy")
     assert ops.count("mma") == 1 and mma < first_copy, ops
     assert "wait0" in ops[mma:first_copy], ops
-
-
-def test_projection_tiles_fit_two_programs_an_sm_or_one():
-    """The projection's tiles, compiled for sm_90 without a GPU: the 64-token tile's buffers
-    (two of the residual's tiles, three of fn's) take 80 KiB, so two programs share an SM's
-    228 KiB; the wide tile's (three and four) take 160 KiB, one program an SM. Post 08 counts
-    the residual's bytes in flight from these buffers."""
-    code = r"""
-import json, re, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernelnotes.mhc import kernel as K
-sig = {name: "constexpr" for name in K._mhc_project_kernel.arg_names}
-sig.update(x_ptr="*bf16", w_ptr="*bf16", dot_ptr="*fp32", sq_ptr="*fp32", T="i32", K="i32",
-           K_SPLIT="i32")
-out = {}
-for name in ("PROJECT_TILE", "PROJECT_TILE_WIDE"):
-    tile = dict(getattr(K, name))
-    options = dict(num_warps=tile.pop("num_warps"), num_stages=tile.pop("num_stages"),
-                   launch_pdl=True)
-    src = ASTSource(fn=K._mhc_project_kernel, signature=sig,
-                    constexprs=dict(tile, MMA_BF16=True, PDL=True),
-                    attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5, 6)})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    shapes = re.findall(r"ttg\.local_alloc[^\n]*?-> !ttg\.memdesc<(\d+)x(\d+)x(\d+)xbf16",
-                        compiled.asm["ttgir"])
-    out[name] = {"shared": compiled.metadata.shared, "buffers": sorted(shapes)}
-print(json.dumps(out))
-"""
-    got = compiled_offline(code)
-    assert got["PROJECT_TILE"] == {"shared": 80 * 2**10,
-                                   "buffers": [["2", "64", "128"], ["3", "128", "64"]]}
-    assert got["PROJECT_TILE_WIDE"] == {"shared": 160 * 2**10,
-                                        "buffers": [["3", "128", "128"], ["4", "128", "64"]]}
 
 
 @pytest.mark.parametrize("tile", ["PROJECT_TILE", "PROJECT_TILE_WIDE"])
