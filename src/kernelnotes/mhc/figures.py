@@ -279,6 +279,40 @@ def table_flush() -> str:
             "bytes per token) and the eager reference's time under the same timing over it.")
 
 
+FLOOR_CALLS = {"mhc_pre": "`mhc_pre`", "mhc_pre, fn split once": "`mhc_pre`, fn split once",
+               "bare passes": "bare passes: split, read, fuse",
+               "bare passes, fn split once": "bare passes: read, fuse",
+               "bare read": "bare read", "bare fuse": "bare fuse"}  # bench_mhc_floor's rows
+
+
+def table_floor() -> str:
+    """mhc_pre at T = 8192 beside the bare two passes that any two-pass design must run (the
+    split of fn, a read of the residual, a mean of its streams written as layer_input), direct
+    calls and replays, in one run (``benchmarks/results/mhc_floor.json``)."""
+    res = _results("mhc_floor")
+    if res is None:
+        return _pending("mhc_floor")
+    copy = res["meta"]["copy_gbs"]
+    eager = {r["H"]: r["ms"] for r in res["rows"] if r["call"] == "eager"}
+    rows = []
+    for r in sorted(res["rows"], key=lambda r: r["H"]):
+        if r["call"] not in FLOOR_CALLS:
+            continue
+        T, H = r["T"], r["H"]
+        rows.append([FLOOR_CALLS[r["call"]], H, f"{1e3 * r['ms']:.1f}",
+                     f"{100 * _pre_gbs(T, H, r['ms']) / copy:.1f}%",
+                     f"{eager[H] / r['ms']:.2f}x", f"{1e3 * r['graph_ms']:.1f}",
+                     f"{100 * _pre_gbs(T, H, r['graph_ms']) / copy:.1f}%"])
+    table = markdown_table(["call", "H", "direct (µs)", "direct: of copy", "direct: vs eager",
+                            "GPU (µs)", "GPU: of copy"], rows)
+    r0 = res["rows"][0]
+    return (f"{table}\n\n{provenance(res['meta'])} T = {r0['T']}; direct calls by `do_bench` "
+            f"(its write flush before each call), {r0['rounds']} interleaved rounds, as in the "
+            "performance table; GPU time replayed from a CUDA graph. Every row is counted on "
+            "`mhc_pre`'s minimal bytes (10H + 80 per token) and set against the eager "
+            "reference's direct call in the same run.")
+
+
 ONEPASS_DESIGNS = {"two-pass": "two kernels (`kernel.mhc_pre`)",
                    "eighth": "eighth: lockstep rounds (`onepass`)",
                    "ninth": "ninth: warp-specialized ring (`pipelined`)"}
