@@ -131,6 +131,10 @@ def summary(rows: list[dict], meta: dict) -> str:
     lines = ["mhc_pre and the bare two passes at T = 8192 (direct call; graph): us, of copy"]
     eager = {r["H"]: r["ms"] for r in rows if r["call"] == "eager"}
     for r in rows:
+        if r["call"] in ("bare read", "bare fuse"):  # parts of the bare passes: times only
+            lines.append(f"H={r['H']} {r['call']}: {1e3 * r['ms']:.1f}; "
+                         f"{1e3 * r['graph_ms']:.1f}")
+            continue
         nbytes = r["T"] * bytes_per_token("mhc_pre", r["H"])
         lines.append(f"H={r['H']} {r['call']}: {1e3 * r['ms']:.1f} "
                      f"({100 * nbytes / (r['ms'] * 1e-3) / copy:.1f}%, "
