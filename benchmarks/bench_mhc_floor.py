@@ -19,12 +19,12 @@ import triton.language as tl
 
 from benchmarks._harness import bench_interleaved, graph_ms
 from benchmarks.bench_mhc import _inputs, _read_sq
+from kernelnotes.mhc.figures import FLOOR_CALLS, FLOOR_PARTS  # the rows' labels, post's order
 
 T = 8192
 H_ALL, H_QUICK = (4096, 7168), (7168,)
 FUSE_TILES = ((1, 1024, 4), (2, 1024, 4), (1, 2048, 8), (4, 1024, 8), (8, 512, 8))  # BT, BH, warps
-CALLS = ("mhc_pre", "mhc_pre, fn split once", "bare passes", "bare passes, fn split once",
-         "bare read", "bare fuse", "eager")  # the rows, in the post's order
+CALLS = (*FLOOR_CALLS, "eager")
 
 
 @triton.jit
@@ -131,7 +131,7 @@ def summary(rows: list[dict], meta: dict) -> str:
     lines = ["mhc_pre and the bare two passes at T = 8192 (direct call; graph): us, of copy"]
     eager = {r["H"]: r["ms"] for r in rows if r["call"] == "eager"}
     for r in rows:
-        if r["call"] in ("bare read", "bare fuse"):  # parts of the bare passes: times only
+        if r["call"] in FLOOR_PARTS:
             lines.append(f"H={r['H']} {r['call']}: {1e3 * r['ms']:.1f}; "
                          f"{1e3 * r['graph_ms']:.1f}")
             continue

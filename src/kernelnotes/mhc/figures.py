@@ -283,6 +283,7 @@ FLOOR_CALLS = {"mhc_pre": "`mhc_pre`", "mhc_pre, fn split once": "`mhc_pre`, fn 
                "bare passes": "bare passes: split, read, fuse",
                "bare passes, fn split once": "bare passes: read, fuse",
                "bare read": "bare read", "bare fuse": "bare fuse"}  # bench_mhc_floor's rows
+FLOOR_PARTS = ("bare read", "bare fuse")  # parts of the bare passes, timed alone: no rate
 
 
 def table_floor() -> str:
@@ -299,7 +300,7 @@ def table_floor() -> str:
         if r["call"] not in FLOOR_CALLS:
             continue
         T, H = r["T"], r["H"]
-        whole = r["call"] not in ("bare read", "bare fuse")  # else a part: its time only
+        whole = r["call"] not in FLOOR_PARTS
         of_copy = [f"{100 * _pre_gbs(T, H, r[k]) / copy:.1f}%" if whole else ""
                    for k in ("ms", "graph_ms")]
         rows.append([FLOOR_CALLS[r["call"]], H, f"{1e3 * r['ms']:.1f}", of_copy[0],
