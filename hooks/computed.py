@@ -6,7 +6,6 @@
 * Tables: a line ``{{ table <topic>.<name> }}`` is replaced by the markdown that
   ``kernelnotes.<topic>.figures.table_<name>()`` returns (worked examples, benchmark results);
   ``{{ table site.<name> }}`` takes ``kernelnotes._results.table_<name>()`` (site-wide tables).
-* ``{{ posts }}`` on the home page becomes the list of posts, from their titles and descriptions.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from mkdocs.structure.files import File
 ROOT = Path(__file__).resolve().parent.parent
 TOPICS = ROOT / "src" / "kernelnotes"
 _TABLE = re.compile(r"^\{\{ table ([a-z_]+)\.([a-z0-9_]+) \}\}$", re.M)
-_POSTS = re.compile(r"^\{\{ posts \}\}$", re.M)
 
 
 def _figures_module(topic: str):
@@ -74,21 +72,5 @@ def _table(match: re.Match) -> str:
     return fn().strip()
 
 
-def _posts(files) -> str:
-    lines = []
-    for f in sorted(files.documentation_pages(), key=lambda f: f.src_uri):
-        if not f.src_uri.startswith("posts/"):
-            continue
-        text = Path(f.abs_src_path).read_text(encoding="utf-8")
-        title = re.search(r"^# (.+)$", text, re.M)
-        desc = re.search(r"^description: (.+)$", text, re.M)
-        if title is None:
-            raise PluginError(f"{f.src_uri} has no '# Title' line")
-        summary = f": {desc.group(1).strip()}" if desc else ""
-        lines.append(f"- [{title.group(1).strip()}]({f.src_uri}){summary}")
-    return "\n".join(lines)
-
-
 def on_page_markdown(markdown, page, config, files):
-    markdown = _TABLE.sub(_table, markdown)
-    return _POSTS.sub(lambda m: _posts(files), markdown)
+    return _TABLE.sub(_table, markdown)

@@ -12,12 +12,28 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
+class ResultsUnavailableError(FileNotFoundError):
+    """The committed benchmark results are not where a source checkout keeps them."""
+
+
 def load(topic: str) -> dict:
-    """``{"meta": {...provenance...}, "rows": [{...}, ...]}`` for one topic."""
+    """``{"meta": {...provenance...}, "rows": [{...}, ...]}`` for one topic.
+
+    Raises:
+        ResultsUnavailableError: outside a source checkout (an installed wheel ships no results),
+            or in a checkout where the benchmark has not been run yet.
+    """
     path = RESULTS / f"{topic}.json"
+    if not RESULTS.is_dir():
+        raise ResultsUnavailableError(
+            f"benchmark results for {topic!r} are read from a source checkout of Kernel Notes "
+            f"(benchmarks/results/); this kernelnotes is installed without one (looked in "
+            f"{RESULTS}). The kernels work without them; only the posts' tables need them."
+        )
     if not path.is_file():
-        raise FileNotFoundError(
-            f"no benchmark results for {topic!r}: run the benchmark command on a GPU ({path})"
+        raise ResultsUnavailableError(
+            f"no benchmark results for {topic!r}: run `bash scripts/dev bench {topic}` on a GPU "
+            f"({path})"
         )
     return json.loads(path.read_text())
 
