@@ -56,11 +56,12 @@ def _providers(causal, quick):
             num_warps=8, num_stages=2)
 
     def ours(q, k, v):
-        return kernel.flash_attention(q, k, v, causal, fwd_config=fwd_cfg, bwd_config=bwd_cfg)
+        return kernel.flash_attention(q, k, v, is_causal=causal, fwd_config=fwd_cfg,
+                                      bwd_config=bwd_cfg)
 
     def ours_atomic(q, k, v):  # same forward; the fused backward that adds dQ with atomics
-        return kernel.flash_attention(q, k, v, causal, deterministic=False, fwd_config=fwd_cfg,
-                                      bwd_config=bwd_cfg)
+        return kernel.flash_attention(q, k, v, is_causal=causal, deterministic=False,
+                                      fwd_config=fwd_cfg, bwd_config=bwd_cfg)
 
     def sdpa(backend):
         def f(q, k, v):

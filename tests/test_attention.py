@@ -43,31 +43,31 @@ def _configs(D):
 
 
 # ----------------------------------------------------------------------------- references
-def _mask(Nq, Nk):
-    return torch.from_numpy(ref.causal_mask(Nq, Nk))
+def _mask(Nq, Nk, alignment="top_left"):
+    return torch.from_numpy(ref.causal_mask(Nq, Nk, alignment))
 
 
-def softmax_f64(q, k, causal, sm_scale=None):
+def softmax_f64(q, k, causal, sm_scale=None, alignment="top_left"):
     """P = softmax(σ q kᵀ [+ causal mask]) in float64, [B, Hq, Nq, Nk] (k repeated for its query
     heads), with autograd; rows that see nothing give 0."""
     q, k = q.double(), k.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
     sm_scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     s = sm_scale * q @ k.transpose(-1, -2)
     if causal:
-        s = s.masked_fill(~_mask(q.shape[2], k.shape[2]).to(q.device), -torch.inf)
+        s = s.masked_fill(~_mask(q.shape[2], k.shape[2], alignment).to(q.device), -torch.inf)
     m = s.amax(-1, keepdim=True).detach()
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(s - m)
     return e / e.sum(-1, keepdim=True).clamp_min(1e-300)
 
 
-def attention_f64(q, k, v, causal, sm_scale=None):
+def attention_f64(q, k, v, causal, sm_scale=None, alignment="top_left"):
     """Float64 attention with autograd; rows that see nothing give 0 (and zero gradients)."""
     v = v.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
-    return softmax_f64(q, k, causal, sm_scale) @ v
+    return softmax_f64(q, k, causal, sm_scale, alignment) @ v
 
 
-def attention_math(q, k, v, causal, sm_scale=None):
+def attention_math(q, k, v, causal, sm_scale=None, alignment="top_left"):
     """PyTorch's math attention in the inputs' precision: the ops of SDPA's math backend
     (softmax(σ q kᵀ + mask) v), spelled out because on the CPU that backend upcasts fp16/bf16 to
     fp32, which would make the baseline more precise than the precision under test."""
@@ -76,7 +76,7 @@ def attention_math(q, k, v, causal, sm_scale=None):
     sm_scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     s = (q * sm_scale) @ k.transpose(-1, -2)  # rounded to the input dtype, as on the GPU
     if causal:
-        s = s.masked_fill(~_mask(q.shape[2], k.shape[2]).to(q.device), -torch.inf)
+        s = s.masked_fill(~_mask(q.shape[2], k.shape[2], alignment).to(q.device), -torch.inf)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see nothing: 0, as SDPA gives
     return p @ v
 
@@ -90,15 +90,15 @@ def _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, scale=1.0, seed=0):
     return q, k, v, do
 
 
-def _errors(fn, q, k, v, do, causal, sm_scale=None):
+def _errors(fn, q, k, v, do, causal, sm_scale=None, alignment="top_left"):
     """Relative errors of (o, dq, dk, dv) against float64, and those of PyTorch math attention."""
     leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    o64 = attention_f64(*leaves64, causal, sm_scale)
+    o64 = attention_f64(*leaves64, causal, sm_scale, alignment)
     g64 = torch.autograd.grad(o64, leaves64, do.double())
     out = []
     for f in (fn, attention_math):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        o = f(*leaves, causal, sm_scale)
+        o = f(*leaves, causal, sm_scale, alignment)
         grads = torch.autograd.grad(o, leaves, do)
         out.append([_err(a, b) for a, b in zip((o, *grads), (o64, *g64), strict=True)])
     return out
@@ -109,14 +109,15 @@ def _err(got, want):
     return rel_err(got, want) if want.abs().max() > 0 else float((got.double() - want).abs().max())
 
 
-def _ours(q, k, v, causal, sm_scale=None, deterministic=True):
+def _ours(q, k, v, causal, sm_scale=None, alignment="top_left", deterministic=True):
     fwd, bwd = _configs(q.shape[-1])
-    return attn.flash_attention(q, k, v, causal, sm_scale, deterministic=deterministic,
+    return attn.flash_attention(q, k, v, is_causal=causal, scale=sm_scale, enable_gqa=True,
+                                causal_alignment=alignment, deterministic=deterministic,
                                 fwd_config=fwd, bwd_config=bwd)
 
 
-def _ours_atomic(q, k, v, causal, sm_scale=None):
-    return _ours(q, k, v, causal, sm_scale, deterministic=False)
+def _ours_atomic(q, k, v, causal, sm_scale=None, alignment="top_left"):
+    return _ours(q, k, v, causal, sm_scale, alignment, deterministic=False)
 
 
 # ----------------------------------------------------------------------------- NumPy reference
@@ -217,7 +218,7 @@ CASES = [
     (1, 4, 2, 33, 70, 24, True, torch.float16),
     (1, 2, 2, 1, 17, 16, True, torch.bfloat16),
     (1, 1, 1, 70, 33, 96, False, torch.float16),
-    (1, 2, 1, 5, 1, 16, True, torch.bfloat16),  # Nk = 1: 4 of 5 rows see nothing
+    (1, 2, 1, 5, 1, 16, True, torch.bfloat16),  # Nk = 1: every row sees key 0 (top-left)
     # D = 128: the TMA-pipelined forward (tails that run into the next head's rows)
     (1, 4, 2, 70, 33, 128, True, torch.bfloat16),
     (2, 2, 2, 17, 40, 128, False, torch.float16),
@@ -297,19 +298,22 @@ SPECIAL = [(1, 2, 1, 37, 37, 16, torch.float16), (1, 2, 1, 45, 12, 24, torch.bfl
            (1, 2, 2, 20, 37, 128, torch.bfloat16)]
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("alignment", [None, "top_left", "bottom_right"])  # None: no mask
 @pytest.mark.parametrize("case", SPECIAL, ids=str)
-def test_zero_queries_average_the_visible_values(case, causal):
+def test_zero_queries_average_the_visible_values(case, alignment):
     """q = 0 makes every score 0: softmax is uniform over the keys a row sees, so O_i is the mean
     of those n_i rows of V and L_i = log n_i (rows that see nothing: O = 0, L = +inf)."""
     B, Hq, Hkv, Nq, Nk, D, dtype = case
+    causal, alignment = alignment is not None, alignment or "top_left"
     _, k, v, do = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype)
     q = torch.zeros(B, Hq, Nq, D, dtype=dtype, device=DEVICE)
     i = torch.arange(Nq)
-    n = (i + Nk - Nq + 1).clamp(0, Nk) if causal else torch.full((Nq,), Nk)  # keys row i sees
+    off = Nk - Nq if alignment == "bottom_right" else 0
+    n = (i + off + 1).clamp(0, Nk) if causal else torch.full((Nq,), Nk)  # keys row i sees
     v64 = v.double().cpu().repeat_interleave(Hq // Hkv, 1)
     mean = torch.stack([v64[:, :, :c].sum(2) / max(c, 1) for c in n.tolist()], 2)
-    o, lse = kernel.flash_attn_fwd(q, k, v, causal, config=_configs(D)[0])
+    o, lse = kernel.flash_attn_fwd(q, k, v, causal, config=_configs(D)[0],
+                                   causal_alignment=alignment)
     # p = 2^0 = 1 and l = n_i are exact: only the sum of V in fp32 and O's rounding remain
     # (u; up to 2u where the interpreter truncates the cast to bf16)
     u = UNIT_ROUNDOFF[dtype_name(dtype)]
@@ -322,7 +326,7 @@ def test_zero_queries_average_the_visible_values(case, causal):
     # the gradients: dK = σ dSᵀ Q = 0 exactly. Only the absolute bound: the interpreter truncates
     # P to bf16, and with every P_ij of a row equal that error adds up instead of averaging out
     # (dV 1.7u on the CPU against math attention's 0.5u)
-    errors = _errors(_ours, q, k, v, do, causal)[0]
+    errors = _errors(_ours, q, k, v, do, causal, alignment=alignment)[0]
     assert errors[2] == 0 and max(errors) <= 10 * u, errors
 
 
@@ -343,8 +347,8 @@ def _rows_that_load(key, Nq, Nk, causal, config):
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("D,dtype", [(16, torch.float16), (128, torch.bfloat16)])
 def test_nan_reaches_the_rows_that_see_it(D, dtype, where, causal):
-    """One NaN element in q (row i), k or v (key j). The scores of other queries do not involve
-    q_i, so only row i is NaN. A NaN key is seen by the rows i >= j - (Nk - Nq) (causal; every row
+    """One NaN element in q (row i), k or v (key j); causal masks bottom-right aligned. The
+    scores of other queries do not involve q_i, so only row i is NaN. A NaN key is seen by the rows i >= j - (Nk - Nq) (causal; every row
     otherwise): the mask replaces a score by -inf, so the rows that do not see key j stay as they
     were, bit for bit. A NaN value is different: P V multiplies the masked p_ij = 0 by the NaN,
     and 0 * NaN = NaN, so it spreads to every row of a query tile that loads key j's tile, seen
@@ -356,11 +360,13 @@ def test_nan_reaches_the_rows_that_see_it(D, dtype, where, causal):
     Nk = Nq + off
     j = -(-(bm + off) // bn) * bn + bn // 2  # inside the first key tile query tile 0 skips
     q, k, v, _ = _inputs(1, 2, 1, Nq, Nk, D, dtype)
-    clean = kernel.flash_attn_fwd(q, k, v, causal, config=fwd_config)
+    fwd = functools.partial(kernel.flash_attn_fwd, config=fwd_config,
+                            causal_alignment="bottom_right")
+    clean = fwd(q, k, v, causal)
     bad = {"q": q, "k": k, "v": v}[where].clone()
     bad[0, -1, j, 1] = torch.nan  # q: row j of the last query head; k, v: key j
     args = {"q": q, "k": k, "v": v, where: bad}
-    o, lse = kernel.flash_attn_fwd(args["q"], args["k"], args["v"], causal, config=fwd_config)
+    o, lse = fwd(args["q"], args["k"], args["v"], causal)
 
     i = torch.arange(Nq)
     sees = j <= i + off if causal else torch.ones(Nq, dtype=torch.bool)
@@ -374,7 +380,7 @@ def test_nan_reaches_the_rows_that_see_it(D, dtype, where, causal):
         if causal:  # the case covers all three kinds of row
             assert (tile_shares & ~sees).any() and (~tile_shares).any()
         nan_rows = (sees | tile_shares).expand(2, Nq)
-        dense = attention_math(args["q"], args["k"], args["v"], causal)
+        dense = attention_math(args["q"], args["k"], args["v"], causal, alignment="bottom_right")
         assert torch.isnan(dense).any(-1).all()
     o, lse, clean = o.cpu(), lse.cpu(), [t.cpu() for t in clean]
     assert torch.equal(torch.isnan(o).any(-1)[0], nan_rows)
@@ -438,29 +444,64 @@ def test_huge_query_logits(case, deterministic, causal):
         assert err <= bound + 10 * u * w.norm(), f"{name}: {err:.3g}, bound {bound:.3g}"
 
 
-def test_lse_and_causal_alignment():
-    """L matches the float64 log-sum-exp; causal is bottom-right aligned (not SDPA's top-left)."""
+def _sdpa_f64(q, k, v, causal, alignment):
+    """torch's own SDPA (math backend on the CPU) in float64, as the user would call it."""
+    mask = None
+    if causal and alignment == "bottom_right":
+        mask = _mask(q.shape[2], k.shape[2], "bottom_right").to(q.device)
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask,
+                                          is_causal=causal and alignment == "top_left",
+                                          enable_gqa=True)
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_lse_and_causal_alignment(alignment):
+    """L matches the float64 log-sum-exp; causal masks are aligned as asked: top-left is SDPA's
+    is_causal, bottom-right SDPA with the lower-right mask; the two differ when Nq != Nk."""
     q, k, v, _ = _inputs(1, 2, 2, 20, 37, 32, torch.float16)
-    o, lse = kernel.flash_attn_fwd(q, k, v, causal=True, config=_configs(q.shape[-1])[0])
+    o, lse = kernel.flash_attn_fwd(q, k, v, causal=True, config=_configs(q.shape[-1])[0],
+                                   causal_alignment=alignment)
     Q, K, V = (t.double().cpu().numpy() for t in (q, k, v))
-    O_ref, L_ref = ref.attention_naive(Q, K, V, causal=True)
+    O_ref, L_ref = ref.attention_naive(Q, K, V, causal=True, alignment=alignment)
     assert rel_err(lse, L_ref) < 10 * UNIT_ROUNDOFF["float16"]
     assert rel_err(o, O_ref) < 10 * UNIT_ROUNDOFF["float16"]
-    top_left = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
-    assert rel_err(o, top_left) > 0.1  # a different mask when Nq != Nk
+    assert rel_err(o, _sdpa_f64(q, k, v, True, alignment)) < 10 * UNIT_ROUNDOFF["float16"]
+    other = {"top_left": "bottom_right", "bottom_right": "top_left"}[alignment]
+    assert rel_err(o, _sdpa_f64(q, k, v, True, other)) > 0.1  # a different mask when Nq != Nk
 
 
 def test_fully_masked_rows_are_zero():
-    """Nq > Nk, causal: the first Nq - Nk queries see no key -> O = 0, L = +inf, zero gradients."""
+    """Nq > Nk, causal, bottom-right: the first Nq - Nk queries see no key -> O = 0, L = +inf,
+    zero gradients: what torch's math attention gives for a fully masked row (top-left
+    alignment has no such row: every query sees key 0)."""
     q, k, v, do = _inputs(1, 2, 1, 45, 12, 16, torch.float16)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    o, lse = kernel.flash_attn_fwd(q, k, v, causal=True, config=_configs(q.shape[-1])[0])
+    o, lse = kernel.flash_attn_fwd(q, k, v, causal=True, config=_configs(q.shape[-1])[0],
+                                   causal_alignment="bottom_right")
     assert torch.all(o[:, :, :33] == 0) and torch.all(torch.isinf(lse[:, :, :33]))
     assert torch.isfinite(o).all() and torch.isfinite(lse[:, :, 33:]).all()
+    sdpa = _sdpa_f64(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), True, "bottom_right")
+    assert torch.all(sdpa[:, :, :33] == 0)  # torch's math backend: zeros, not NaN
+    assert rel_err(o, sdpa) < 10 * UNIT_ROUNDOFF["float16"]
     for f in (_ours, _ours_atomic):
-        dq, dk, dv = torch.autograd.grad(f(q, k, v, True), (q, k, v), do)
+        dq, dk, dv = torch.autograd.grad(f(q, k, v, True, alignment="bottom_right"), (q, k, v),
+                                         do)
         assert torch.all(dq[:, :, :33] == 0)
         assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    top_left = kernel.flash_attn_fwd(q, k, v, causal=True, config=_configs(q.shape[-1])[0])[1]
+    assert torch.isfinite(top_left).all()
+
+
+@pytest.mark.parametrize("case", [(1, 4, 2, 33, 70, 24, torch.float16),
+                                  (1, 2, 1, 45, 12, 16, torch.bfloat16)], ids=str)
+def test_accuracy_bottom_right(case):
+    """The bottom-right mask (decoding with a KV cache), Nq < Nk and Nq > Nk (empty rows)."""
+    B, Hq, Hkv, Nq, Nk, D, dtype = case
+    q, k, v, do = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype)
+    ours, math_ = _errors(_ours, q, k, v, do, True, alignment="bottom_right")
+    u = UNIT_ROUNDOFF[dtype_name(dtype)]
+    for name, e, e_math in zip(("o", "dq", "dk", "dv"), ours, math_, strict=True):
+        assert e <= 2 * e_math + u / 2 and e <= 10 * u, f"{name}: {e:.3g} vs {e_math:.3g}"
 
 
 def test_outputs_fully_written(monkeypatch):
@@ -549,7 +590,8 @@ def test_result_does_not_depend_on_config():
     outs = []
     for c, b in zip(configs, bwd, strict=True):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        o = attn.flash_attention(*leaves, True, fwd_config=c, bwd_config=b)
+        o = attn.flash_attention(*leaves, is_causal=True, enable_gqa=True, fwd_config=c,
+                                 bwd_config=b)
         outs.append((o, *torch.autograd.grad(o, leaves, do)))
     assert len(outs) == 2
     for a, b in zip(*outs, strict=True):
@@ -678,3 +720,265 @@ def test_benchmark_times_implementations_in_interleaved_rounds(monkeypatch):
     out = _harness.bench_interleaved({"a": lambda: "a", "b": lambda: "b"}, **TIMING)
     assert calls == ["a", "b"] * TIMING["rounds"]
     assert out == {"a": (2.0, 1.0, 5.0), "b": (8.0, 7.5, 8.5)}
+
+
+# ----------------------------------------------------------------------------- drop-in for SDPA
+def _sdpa_inputs(Hq=2, Hkv=2, Nq=8, Nk=8, D=16, dtype=torch.float16, B=1):
+    return _inputs(B, Hq, Hkv, Nq, Nk, D, dtype)[:3]
+
+
+# (Hq, Hkv, Nq, Nk, D, is_causal, scale, dtype): Nq < Nk and Nq > Nk with top-left causal
+# masks (SDPA's), grouped-query attention, an explicit scale
+SDPA_CASES = [
+    (2, 2, 20, 37, 16, True, None, torch.float16),
+    (2, 2, 37, 20, 16, True, None, torch.bfloat16),
+    (4, 2, 37, 20, 32, False, None, torch.float16),
+    (4, 1, 5, 33, 16, True, 0.3, torch.bfloat16),
+    (2, 2, 17, 17, 24, False, 2.0, torch.float16),
+]
+
+
+@pytest.mark.parametrize("case", SDPA_CASES, ids=str)
+def test_same_as_sdpa(case):
+    """flash_attention(q, k, v, is_causal=..., scale=..., enable_gqa=...) against torch's own
+    F.scaled_dot_product_attention with the same arguments in float64, output and gradients;
+    and no further from it than SDPA itself in the same precision (2x + u/2, as above)."""
+    Hq, Hkv, Nq, Nk, D, causal, scale, dtype = case
+    q, k, v, do = _inputs(1, Hq, Hkv, Nq, Nk, D, dtype)
+    kw = dict(is_causal=causal, scale=scale, enable_gqa=Hq != Hkv)
+
+    def run(f, *args):
+        leaves = [t.detach().clone().requires_grad_() for t in args]
+        o = f(*leaves, **kw)
+        return (o, *torch.autograd.grad(o, leaves, do.to(o.dtype)))
+
+    want = run(F.scaled_dot_product_attention, q.double(), k.double(), v.double())
+    ours = run(attn.flash_attention, q, k, v)
+    same_dtype = run(F.scaled_dot_product_attention, q, k, v)
+    u = UNIT_ROUNDOFF[dtype_name(dtype)]
+    for name, a, b, w in zip(("o", "dq", "dk", "dv"), ours, same_dtype, want, strict=True):
+        assert a.dtype == dtype and a.shape == w.shape
+        e, e_sdpa = _err(a, w), _err(b, w)
+        assert e <= max(2 * e_sdpa + u / 2, 4 * u), f"{name}: {e:.3g} vs SDPA {e_sdpa:.3g}"
+
+
+def test_custom_ops_opcheck():
+    """torch.library.opcheck: schema, fake implementations, autograd registration, AOT dispatch."""
+    q, k, v, do = _inputs(1, 2, 1, 16, 20, 16, torch.float16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.library.opcheck(kernel._fwd_op, (*leaves, True, "top_left", 0.25, None, True, None))
+    o, lse = kernel.flash_attn_fwd(q, k, v, True, 0.25, causal_alignment="bottom_right")
+    torch.library.opcheck(kernel._bwd_op, (do, q, k, v, o, lse, True, "bottom_right", 0.25, False,
+                                           None))
+
+
+def _compiled_matches_eager(backend):
+    q, k, v, do = _inputs(1, 4, 2, 19, 24, 16, torch.bfloat16)
+
+    def f(q, k, v):
+        return attn.flash_attention(q, k, v, is_causal=True, enable_gqa=True) * 2
+
+    outs = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend=backend)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = fn(*leaves)
+        outs.append((o, *torch.autograd.grad(o, leaves, do)))
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_compile_fullgraph_aot_eager():
+    torch._dynamo.reset()
+    _compiled_matches_eager("aot_eager")
+
+
+@pytest.mark.gpu
+def test_compile_fullgraph_inductor_gpu():
+    torch._dynamo.reset()
+    _compiled_matches_eager("inductor")
+
+
+def test_fake_tensor_mode():
+    """Under FakeTensorMode the fake implementations give the shapes and dtypes, no kernel runs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 300, 64, dtype=torch.bfloat16, device=DEVICE)
+        k = torch.empty(2, 2, 500, 64, dtype=torch.bfloat16, device=DEVICE)
+        o = attn.flash_attention(q, k, k, is_causal=True, enable_gqa=True)
+        assert o.shape == q.shape and o.dtype == q.dtype
+        o, lse = attn.flash_attn_fwd(q, k, k, True)
+        assert lse.shape == (2, 8, 300) and lse.dtype == torch.float32
+        dq, dk, dv = attn.flash_attn_bwd(q, q, k, k, o, lse, True)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
+        assert dq.dtype == dk.dtype == torch.bfloat16
+
+
+def test_backward_op_has_no_backward():
+    """flash_attn_bwd has no backward: with an input that requires grad it raises, naming it."""
+    q, k, v, do = _inputs(1, 2, 2, 8, 8, 16, torch.float16)
+    o, lse = attn.flash_attn_fwd(q, k, v)
+    with pytest.raises(RuntimeError, match="flash_attn_bwd has no backward"):
+        attn.flash_attn_bwd(do, q.requires_grad_(), k, v, o, lse)
+    with torch.no_grad():
+        attn.flash_attn_bwd(do, q, k, v, o, lse)
+
+
+# BAD INPUT TABLES: (kind, call builder, expected). A builder takes valid inputs and returns the
+# call's arguments; expected is (exception, the argument its message names) or "torch" (the row
+# is handled as torch handles it: the result is compared with torch's).
+def _meta(t):
+    return t.to("meta")
+
+
+_NAN_Q = lambda q: q.clone().index_put_((torch.tensor(0), torch.tensor(1), torch.tensor(3)),
+                                         torch.tensor(float("nan"), dtype=q.dtype))
+
+BAD_SDPA = [
+    ("float32 inputs", lambda q, k, v: dict(query=q.float(), key=k.float(), value=v.float()),
+     (TypeError, "query")),
+    ("mixed dtypes", lambda q, k, v: dict(query=q, key=k.bfloat16(), value=v),
+     (TypeError, "key")),
+    ("wrong rank", lambda q, k, v: dict(query=q[0], key=k[0], value=v[0]), (ValueError, "query")),
+    ("mismatched shapes", lambda q, k, v: dict(query=q, key=k, value=v[:, :, :5]),
+     (ValueError, "value")),
+    ("empty", lambda q, k, v: dict(query=q[:, :, :0], key=k, value=v), (ValueError, "query")),
+    ("non-contiguous", lambda q, k, v: dict(query=q.transpose(1, 2).contiguous().transpose(1, 2),
+                                            key=k, value=v, is_causal=True), "torch"),
+    ("NaN in query", lambda q, k, v: dict(query=_NAN_Q(q), key=k, value=v), "torch"),
+    ("not a tensor", lambda q, k, v: dict(query=q.numpy(), key=k, value=v),
+     (TypeError, "query")),
+    ("wrong device", lambda q, k, v: dict(query=q, key=_meta(k), value=_meta(v)),
+     (ValueError, "key")),
+    ("unsupported head dim", lambda q, k, v: dict(query=q[..., :8], key=k[..., :8],
+                                                  value=v[..., :8]), (ValueError, "query")),
+    ("attn_mask", lambda q, k, v: dict(query=q, key=k, value=v,
+                                       attn_mask=torch.ones(8, 8, dtype=torch.bool)),
+     (ValueError, "attn_mask")),
+    ("dropout", lambda q, k, v: dict(query=q, key=k, value=v, dropout_p=0.1),
+     (ValueError, "dropout_p")),
+    ("non-bool is_causal", lambda q, k, v: dict(query=q, key=k, value=v, is_causal="no"),
+     (TypeError, "is_causal")),
+    ("non-bool enable_gqa", lambda q, k, v: dict(query=q, key=k, value=v, enable_gqa=1),
+     (TypeError, "enable_gqa")),
+    ("heads differ, enable_gqa=False", lambda q, k, v: dict(query=q, key=k[:, :1],
+                                                            value=v[:, :1]),
+     (ValueError, "enable_gqa")),
+    ("Hq not a multiple of Hkv", lambda q, k, v: dict(query=q.repeat(1, 2, 1, 1)[:, :3], key=k,
+                                                      value=v, enable_gqa=True),
+     (ValueError, "key")),
+    ("non-finite scale", lambda q, k, v: dict(query=q, key=k, value=v, scale=float("nan")),
+     (ValueError, "scale")),
+    ("infinite scale", lambda q, k, v: dict(query=q, key=k, value=v, scale=float("inf")),
+     (ValueError, "scale")),
+    ("negative scale", lambda q, k, v: dict(query=q, key=k, value=v, scale=-0.25),
+     (ValueError, "scale")),
+    ("non-numeric scale", lambda q, k, v: dict(query=q, key=k, value=v, scale="0.25"),
+     (TypeError, "scale")),
+    ("unknown causal_alignment", lambda q, k, v: dict(query=q, key=k, value=v, is_causal=True,
+                                                      causal_alignment="middle"),
+     (ValueError, "causal_alignment")),
+]
+
+
+def _sdpa_reference(call):
+    """torch's SDPA on the same call in float64 (its math backend on the CPU)."""
+    c = {n: t.double() if isinstance(t, torch.Tensor) else t for n, t in call.items()}
+    return F.scaled_dot_product_attention(**c)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+@pytest.mark.parametrize("kind,build,expected", BAD_SDPA, ids=[r[0] for r in BAD_SDPA])
+def test_bad_input_flash_attention(kind, build, expected):
+    call = build(*_sdpa_inputs())
+    if expected == "torch":
+        got, want = attn.flash_attention(**call), _sdpa_reference(call)
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        ok = ~torch.isnan(want)
+        assert rel_err(got[ok], want[ok]) < 10 * UNIT_ROUNDOFF["float16"]
+    else:
+        exc, name = expected
+        with pytest.raises(exc, match=rf"\b{name}\b"):
+            attn.flash_attention(**call)
+
+
+BAD_FWD = [
+    ("float32", lambda q, k, v: dict(q=q.float(), k=k, v=v), (TypeError, "q")),
+    ("mixed dtypes", lambda q, k, v: dict(q=q, k=k, v=v.bfloat16()), (TypeError, "v")),
+    ("wrong rank", lambda q, k, v: dict(q=q, k=k[0], v=v), (ValueError, "k")),
+    ("mismatched shapes", lambda q, k, v: dict(q=q, k=k[..., :8], v=v[..., :8]),
+     (ValueError, "k")),
+    ("empty", lambda q, k, v: dict(q=q, k=k[:, :, :0], v=v[:, :, :0]), (ValueError, "k")),
+    ("non-contiguous", lambda q, k, v: dict(q=q, k=k.transpose(1, 2).contiguous().transpose(1, 2),
+                                            v=v, causal=True), "torch"),
+    ("NaN in q", lambda q, k, v: dict(q=_NAN_Q(q), k=k, v=v), "torch"),
+    ("wrong device", lambda q, k, v: dict(q=q, k=k, v=_meta(v)), (ValueError, "v")),
+    ("non-bool causal", lambda q, k, v: dict(q=q, k=k, v=v, causal="no"), (TypeError, "causal")),
+    ("non-finite sm_scale", lambda q, k, v: dict(q=q, k=k, v=v, sm_scale=float("inf")),
+     (ValueError, "sm_scale")),
+    ("bool sm_scale", lambda q, k, v: dict(q=q, k=k, v=v, sm_scale=True),
+     (TypeError, "sm_scale")),
+    ("config not a triton.Config", lambda q, k, v: dict(q=q, k=k, v=v, config={"BLOCK_M": 16}),
+     (TypeError, "config")),
+    ("unknown causal_alignment", lambda q, k, v: dict(q=q, k=k, v=v, causal=True,
+                                                      causal_alignment="bottom-right"),
+     (ValueError, "causal_alignment")),
+]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+@pytest.mark.parametrize("kind,build,expected", BAD_FWD, ids=[r[0] for r in BAD_FWD])
+def test_bad_input_flash_attn_fwd(kind, build, expected):
+    call = build(*_sdpa_inputs())
+    if expected == "torch":
+        o, lse = attn.flash_attn_fwd(**call)
+        want = _sdpa_reference(dict(query=call["q"], key=call["k"], value=call["v"],
+                                    is_causal=call.get("causal", False)))
+        assert torch.equal(torch.isnan(o), torch.isnan(want))
+        ok = ~torch.isnan(want)
+        assert rel_err(o[ok], want[ok]) < 10 * UNIT_ROUNDOFF["float16"]
+    else:
+        exc, name = expected
+        with pytest.raises(exc, match=rf"\b{name}\b"):
+            attn.flash_attn_fwd(**call)
+
+
+def _bwd_call(**change):
+    q, k, v, do = _inputs(1, 2, 2, 8, 8, 16, torch.float16)
+    o, lse = attn.flash_attn_fwd(q, k, v, True)
+    return dict(dict(do=do, q=q, k=k, v=v, o=o, lse=lse, causal=True), **change)
+
+
+BAD_BWD = [
+    ("float32 do", lambda c: dict(c, do=c["do"].float()), (TypeError, "do")),
+    ("mixed dtypes", lambda c: dict(c, o=c["o"].bfloat16()), (TypeError, "o")),
+    ("wrong rank", lambda c: dict(c, lse=c["lse"][..., None]), (ValueError, "lse")),
+    ("mismatched shapes", lambda c: dict(c, do=c["do"][:, :, :3]), (ValueError, "do")),
+    ("short lse", lambda c: dict(c, lse=c["lse"][:, :, :4]), (ValueError, "lse")),
+    ("float16 lse", lambda c: dict(c, lse=c["lse"].half()), (TypeError, "lse")),
+    ("non-contiguous do", lambda c: dict(c, do=c["do"].transpose(1, 2).contiguous()
+                                         .transpose(1, 2)), "torch"),
+    ("wrong device", lambda c: dict(c, o=_meta(c["o"])), (ValueError, "o")),
+    ("non-bool deterministic", lambda c: dict(c, deterministic=0), (TypeError, "deterministic")),
+    ("non-bool causal", lambda c: dict(c, causal=1), (TypeError, "causal")),
+    ("non-finite sm_scale", lambda c: dict(c, sm_scale=float("nan")), (ValueError, "sm_scale")),
+    ("bad config tiles", lambda c: dict(c, config=triton.Config({"BLOCK_M1": 16})),
+     (ValueError, "config")),
+]
+
+
+@pytest.mark.parametrize("kind,build,expected", BAD_BWD, ids=[r[0] for r in BAD_BWD])
+def test_bad_input_flash_attn_bwd(kind, build, expected):
+    call = build(_bwd_call())
+    if expected == "torch":  # against torch autograd of SDPA in float64
+        leaves = [call[n].detach().double().requires_grad_() for n in "qkv"]
+        o = F.scaled_dot_product_attention(*leaves, is_causal=True)
+        want = torch.autograd.grad(o, leaves, call["do"].double())
+        for got, w in zip(attn.flash_attn_bwd(**call), want, strict=True):
+            assert rel_err(got, w) < 10 * UNIT_ROUNDOFF["float16"]
+    else:
+        exc, name = expected
+        with pytest.raises(exc, match=rf"\b{name}\b"):
+            attn.flash_attn_bwd(**call)

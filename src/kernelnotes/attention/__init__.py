@@ -16,7 +16,7 @@ from kernelnotes.attention.reference import (
     tile_bytes,
 )
 
-_KERNEL_NAMES = ("flash_attention", "flash_attn_fwd", "flash_attn_bwd", "FlashAttnFunction")
+_KERNEL_NAMES = ("flash_attention", "flash_attn_fwd", "flash_attn_bwd", "ALIGNMENTS")
 
 __all__ = [
     "VERSIONS", "attention_naive", "causal_mask", "flash_attention_backward",

@@ -1,7 +1,9 @@
-"""FlashAttention-2 in Triton: forward, backward and the autograd Function.
+"""FlashAttention-2 in Triton: forward, backward, and a drop-in for F.scaled_dot_product_attention.
 
-Order: the jit kernels (forward; backward preprocess, dK/dV and dQ), then the launchers
-``flash_attn_fwd`` / ``flash_attn_bwd``, then ``FlashAttnFunction`` and ``flash_attention``.
+Order: the jit kernels (forward; backward preprocess, dK/dV and dQ), then the launchers, then the
+torch custom operators ``kernelnotes::flash_attn_fwd`` / ``kernelnotes::flash_attn_bwd`` (fake
+implementations and autograd), then the public functions ``flash_attention`` (SDPA's signature),
+``flash_attn_fwd`` and ``flash_attn_bwd``.
 The algorithm is Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
 Partitioning" (2023, arXiv:2307.08691), Algorithms 1 and 2; the post is
 docs/posts/09-flash-attention-2.md. Written for this project, not adapted from the Triton tutorial.
@@ -9,10 +11,11 @@ The fused backward (dQ added with atomics) is the paper's Section 3.2 scheme; th
 default gives dQ its own kernel instead.
 
 Conventions: q [B, Hq, Nq, D], k and v [B, Hkv, Nk, D] with Hq a multiple of Hkv (grouped-query
-attention); causal masks are bottom-right aligned (query i sees key j iff j <= i + Nk - Nq); a
-query row that sees no key gets O = 0 and L = +inf (FlashAttention's convention), so its
-gradients are 0 too. Scores live in the log2 domain: S2 = (sm_scale * log2 e) q k^T, so every
-exponential is an exp2.
+attention); a causal mask lets query i see key j iff j <= i + causal_off, with causal_off = 0
+(top-left, SDPA's ``is_causal``) or Nk - Nq (bottom-right, for decoding with a KV cache); a
+query row that sees no key (bottom-right with Nq > Nk) gets O = 0 and L = +inf, so its
+gradients are 0 too, as PyTorch's math attention gives for a fully masked row. Scores live in
+the log2 domain: S2 = (sm_scale * log2 e) q k^T, so every exponential is an exp2.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import triton.language as tl
 
 from kernelnotes._grid import cdiv, next_power_of_2
 from kernelnotes._validate import (
-    check_kernel_device,
     check_real,
     check_tensor,
     check_tiles,
@@ -56,12 +58,11 @@ def _mma(a, b, acc, DOT_FP32: tl.constexpr):
 
 # --8<-- [start:key_range]
 @triton.jit
-def _key_range(start_m, N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _key_range(start_m, causal_off, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr):
     """Keys of the query tile start_m .. start_m + BLOCK_M: [0, n_full) in whole tiles that every
-    row sees (no mask), [n_full, hi) the diagonal and the key tail (masked). Causal masks are
-    bottom-right aligned: query i sees key j iff j <= i + Nk - Nq."""
-    causal_off = N_K - N_Q
+    row sees (no mask), [n_full, hi) the diagonal and the key tail (masked). Causal: query i sees
+    key j iff j <= i + causal_off (0 top-left, as SDPA; Nk - Nq bottom-right)."""
     if CAUSAL:
         n_full = tl.minimum(tl.maximum(start_m + causal_off + 1, 0), N_K)  # seen by every row
         hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_off, 0), N_K)  # seen by some row
@@ -98,7 +99,7 @@ def _tile_order(LPT_HEADS, CAUSAL: tl.constexpr):
 @triton.jit
 def _visible(offs_m, offs_kv, N_K, causal_off, CAUSAL: tl.constexpr,
              EVEN_N: tl.constexpr = False):
-    """[rows, keys]: query i may see key j, i.e. j < Nk and, if CAUSAL, j <= i + Nk - Nq.
+    """[rows, keys]: query i may see key j, i.e. j < Nk and, if CAUSAL, j <= i + causal_off.
     EVEN_N: Nk is a multiple of the key tile, so no tile the forward visits runs past Nk and
     j < Nk holds; the diagonal tiles then cost one compare a score, not two and an and."""
     if CAUSAL:
@@ -163,6 +164,7 @@ def _flash_attn_fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     H_Q, N_Q, N_K,  # Hq query heads; Nq queries; Nk keys
+    CAUSAL_OFF,  # causal: query i sees key j iff j <= i + CAUSAL_OFF (0: top-left)
     GROUP,  # Hq // Hkv query heads share one key/value head
     sm_scale,  # σ, usually 1/sqrt(D)
     LPT_HEADS,  # causal: heads per longest-first group (_tile_order)
@@ -194,8 +196,8 @@ def _flash_attn_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # fold log2(e) into σ: exp(x) = exp2(x log2 e)
 
-    causal_off = N_K - N_Q  # bottom-right alignment: query i sees key j iff j <= i + Nk - Nq
-    n_full, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    causal_off = CAUSAL_OFF  # query i sees key j iff j <= i + causal_off
+    n_full, hi = _key_range(start_m, causal_off, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     # stage 1: tiles below the diagonal and inside [0, Nk): no mask at all
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                offs_m, offs_n, offs_d, 0, n_full, N_K, causal_off, qk_scale,
@@ -283,7 +285,7 @@ def _fwd_tma_masked(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, offs_m, offs_n, l
 def _flash_attn_fwd_tma_kernel(
     Q, K, V,  # TMA descriptors of [B*Hq*Nq, D], [B*Hkv*Nk, D], [B*Hkv*Nk, D] (contiguous)
     O, L,  # as _flash_attn_fwd_kernel
-    N_Q, N_K, GROUP, sm_scale, LPT_HEADS,
+    N_Q, N_K, CAUSAL_OFF, GROUP, sm_scale, LPT_HEADS,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr = False,
     EVEN_N: tl.constexpr = False,  # Nk % BLOCK_N == 0
@@ -300,8 +302,8 @@ def _flash_attn_fwd_tma_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
 
-    causal_off = N_K - N_Q
-    n_full, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    causal_off = CAUSAL_OFF
+    n_full, hi = _key_range(start_m, causal_off, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_tma_pipelined(acc, l_i, m_i, q, K, V, kv_row0, offs_n, 0, n_full, N_K,
                                        qk_scale, BLOCK_M, BLOCK_N, DOT_FP32)
     acc, l_i, m_i = _fwd_tma_masked(acc, l_i, m_i, q, K, V, kv_row0, offs_m, offs_n, n_full, hi,
@@ -384,7 +386,7 @@ def _flash_attn_bwd_dkdv_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
-    H_Q, H_KV, N_Q, N_K, GROUP, sm_scale,
+    H_Q, H_KV, N_Q, N_K, CAUSAL_OFF, GROUP, sm_scale,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M1: tl.constexpr,  # queries per inner step
     BLOCK_N1: tl.constexpr,  # keys per program
@@ -406,7 +408,7 @@ def _flash_attn_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
-    causal_off = N_K - N_Q
+    causal_off = CAUSAL_OFF
     nq_ceil = tl.cdiv(N_Q, BLOCK_M1) * BLOCK_M1
     if CAUSAL:  # rows i >= j - off see key j; rows i >= start_n + BLOCK_N1 - 1 - off see them all
         lo = tl.minimum(tl.maximum(start_n - causal_off, 0) // BLOCK_M1 * BLOCK_M1, nq_ceil)
@@ -470,7 +472,7 @@ def _flash_attn_bwd_dq_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
-    H_Q, N_Q, N_K, GROUP, sm_scale,
+    H_Q, N_Q, N_K, CAUSAL_OFF, GROUP, sm_scale,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M2: tl.constexpr,  # queries per program
     BLOCK_N2: tl.constexpr,  # keys per inner step
@@ -498,8 +500,8 @@ def _flash_attn_bwd_dq_kernel(
     v_base = V + off_b * stride_vb + off_hk * stride_vh
     dq = tl.zeros([BLOCK_M2, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
-    causal_off = N_K - N_Q
-    n_full, hi = _key_range(start_m, N_Q, N_K, BLOCK_M2, BLOCK_N2, CAUSAL)  # as the forward's
+    causal_off = CAUSAL_OFF
+    n_full, hi = _key_range(start_m, causal_off, N_K, BLOCK_M2, BLOCK_N2, CAUSAL)  # as forward
     dq = _bwd_dq_inner(dq, q, do, l2, Di, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
                        0, n_full, N_K, causal_off, qk_scale, False, CAUSAL, HEAD_DIM, BLOCK_N2,
                        DOT_FP32)
@@ -580,8 +582,11 @@ def _autotuned(kernel, name: str, block_d: int, configs, reset_to_zero=None):
 # --8<-- [end:configs]
 
 
+_INTERPRETED = interpreted(_flash_attn_fwd_kernel)  # fixed at import (TRITON_INTERPRET)
+
+
 def _interpreted() -> bool:
-    return interpreted(_flash_attn_fwd_kernel)
+    return _INTERPRETED
 
 
 def _dot_fp32(q) -> bool:
@@ -608,26 +613,65 @@ def _lpt_heads(n_heads: int, Nk: int, D: int) -> int:
     return max(1, min(n_heads, LPT_L2_BYTES // (4 * Nk * D)))
 
 
-def _check_qkv(q, k, v):
-    check_tensor("q", q, dtypes=DTYPES, ndim=4, nonempty=True)
-    check_kernel_device("q", q, _flash_attn_fwd_kernel)
-    check_tensor("k", k, dtypes=(q.dtype,), ndim=4, nonempty=True, device=q.device)
-    check_tensor("v", v, dtypes=(q.dtype,), ndim=4, nonempty=True, device=q.device)
+ALIGNMENTS = ("top_left", "bottom_right")
+FWD_TILES = ("BLOCK_M", "BLOCK_N")
+BWD_TILES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+
+
+def _causal_off(Nq: int, Nk: int, alignment: str) -> int:
+    """Query i sees key j iff j <= i + offset: 0 top-left (SDPA), Nk - Nq bottom-right."""
+    return 0 if alignment == "top_left" else Nk - Nq
+
+
+# ----------------------------------------------------------------------------- argument checks
+# shape, dtype and device checks only, so that they also run on fake tensors and under Dynamo
+def _check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_alignment(value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"causal_alignment must be a str, got {type(value).__name__}")
+    if value not in ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be 'top_left' or 'bottom_right', got {value!r}")
+    return value
+
+
+def _check_device(name: str, t) -> None:
+    """Compiled Triton kernels need CUDA tensors; the interpreter (TRITON_INTERPRET=1) CPU ones."""
+    if _INTERPRETED and t.device.type != "cpu":
+        raise ValueError(f"{name} is on {t.device}, but Triton runs in the interpreter "
+                         "(TRITON_INTERPRET=1): pass CPU tensors")
+    if not _INTERPRETED and t.device.type != "cuda":
+        raise ValueError(f"{name} is on {t.device}; compiled Triton kernels need a CUDA tensor "
+                         "(set TRITON_INTERPRET=1 before importing triton to run them on the CPU)")
+
+
+def _check_qkv(q, k, v, names=("q", "k", "v")):
+    nq, nk, nv = names
+    check_tensor(nq, q, dtypes=DTYPES, ndim=4, nonempty=True)
+    _check_device(nq, q)
+    check_tensor(nk, k, dtypes=(q.dtype,), ndim=4, nonempty=True, device=q.device)
+    check_tensor(nv, v, dtypes=(q.dtype,), ndim=4, nonempty=True, device=q.device)
     B, Hq, Nq, D = q.shape
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+        raise ValueError(f"{nk} and {nv} must have the same shape, got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")
     if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k must be [B={B}, Hkv, Nk, D={D}] to match q {tuple(q.shape)}, "
+        raise ValueError(f"{nk} must be [B={B}, Hkv, Nk, D={D}] to match {nq} {tuple(q.shape)}, "
                          f"got {tuple(k.shape)}")
     if Hq % k.shape[1] != 0:
         raise ValueError(f"the number of query heads Hq={Hq} must be a multiple of the number of "
-                         f"key/value heads Hkv={k.shape[1]} (grouped-query attention)")
+                         f"key/value heads Hkv={k.shape[1]} (grouped-query attention): {nk} has "
+                         f"shape {tuple(k.shape)}")
     if not 16 <= D <= MAX_HEAD_DIM:
-        raise ValueError(f"head dim D={D} is not supported: need 16 <= D <= {MAX_HEAD_DIM}")
+        raise ValueError(f"head dim D={D} is not supported: need 16 <= D <= {MAX_HEAD_DIM} "
+                         f"({nq} has shape {tuple(q.shape)})")
     if B * Hq > 65535:  # the batch-head index is the grid's second axis
         raise ValueError(f"B * Hq = {B * Hq} is not supported: at most 65535 (batch {B}, "
-                         f"{Hq} heads)")
+                         f"{Hq} heads of {nq})")
 
 
 def _check_bwd_saved(q, o, lse):
@@ -643,62 +687,54 @@ def _check_bwd_saved(q, o, lse):
                          f"got {tuple(lse.shape)}")
 
 
-FWD_TILES = ("BLOCK_M", "BLOCK_N")
-BWD_TILES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
-
-
-def _check_config(config, tiles):
+def _check_config(config, tiles, name="config") -> list[int] | None:
     """A triton.Config that sets exactly ``tiles``, each a power of two of at least 16 (the rows,
-    columns and inner dimension of a tl.dot)."""
+    columns and inner dimension of a tl.dot), as the list of ints the custom ops take:
+    the tiles, num_warps, num_stages and maxnreg (0 for none)."""
     if config is None:
-        return
+        return None
     if not isinstance(config, triton.Config):
-        raise TypeError(f"config must be a triton.Config or None, got {type(config).__name__}")
-    check_tiles("config", config.kwargs, dict.fromkeys(tiles, (16, None)))
+        raise TypeError(f"{name} must be a triton.Config or None, got {type(config).__name__}")
+    check_tiles(name, config.kwargs, dict.fromkeys(tiles, (16, None)))
+    return [*(config.kwargs[t] for t in tiles), config.num_warps, config.num_stages,
+            config.maxnreg or 0]
 
 
-def _check_scale(sm_scale, D) -> float:
+def _config(values: list[int] | None, tiles) -> triton.Config | None:
+    if values is None:
+        return None
+    *blocks, warps, stages, maxnreg = values
+    return triton.Config(dict(zip(tiles, blocks, strict=True)), num_warps=warps,
+                         num_stages=stages, maxnreg=maxnreg or None)
+
+
+def _check_scale(name: str, sm_scale, D) -> float:
     if sm_scale is None:
         return 1.0 / math.sqrt(D)
-    return check_real("sm_scale", sm_scale, "a finite number > 0")  # the running max needs σ > 0
+    if isinstance(sm_scale, bool):
+        raise TypeError(f"{name} must be a real number or None, got bool")
+    return check_real(name, sm_scale, "a finite number > 0")  # the running max needs σ > 0
 
 
 # --8<-- [start:launcher]
-def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
-    """FlashAttention-2 forward (Dao 2023, arXiv:2307.08691, Algorithm 1).
-
-    Args:
-        q: [B, Hq, Nq, D] float16 or bfloat16, any strides; 16 <= D <= 256 (any D: the kernel
-            pads the head dim to a power of two and masks the padding).
-        k, v: [B, Hkv, Nk, D], same dtype and device as q; Hq must be a multiple of Hkv.
-        causal: mask keys in the future, bottom-right aligned: query i sees key j iff
-            j <= i + Nk - Nq (rows with i < Nq - Nk see nothing and give zeros).
-        sm_scale: σ in softmax(σ q kᵀ); default 1/sqrt(D).
-        config: a ``triton.Config`` with BLOCK_M, BLOCK_N (tests), powers of two >= 16, and its
-            num_warps, num_stages and maxnreg (a register cap, or None); None autotunes on a GPU.
-
-    Returns:
-        o: [B, Hq, Nq, D] same dtype as q (contiguous); lse: [B, Hq, Nq] float32, the natural
-        log-sum-exp of each row of σ q kᵀ, +inf for a row that sees no key.
-    """
-    _check_qkv(q, k, v)
-    _check_config(config, FWD_TILES)
+def _launch_fwd(q, k, v, causal: bool, causal_off: int, sm_scale: float, config):
+    """FlashAttention-2 forward (Dao 2023, arXiv:2307.08691, Algorithm 1) on checked inputs:
+    returns o [B, Hq, Nq, D] (q's dtype, contiguous) and lse [B, Hq, Nq] float32."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    sm_scale = _check_scale(sm_scale, D)
     k, v = _unit_last(k), _unit_last(v)
     q = _unit_last(q)
     o = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     block_d = _block_d(D)
-    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), Hq, Nq, Nk, Hq // Hkv,
-            sm_scale)
-    meta = dict(LPT_HEADS=_lpt_heads(B * Hq, Nk, D), CAUSAL=bool(causal), HEAD_DIM=D,
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), Hq, Nq, Nk, causal_off,
+            Hq // Hkv, sm_scale)
+    meta = dict(LPT_HEADS=_lpt_heads(B * Hq, Nk, D), CAUSAL=causal, HEAD_DIM=D,
                 BLOCK_D=block_d, DOT_FP32=_dot_fp32(q))
     if config is None and _interpreted():
         config = CPU_FWD_CONFIG
     if D == TMA_HEAD_DIM and TensorDescriptor is not None:
-        _fwd_tma(q, k, v, o, lse, causal, sm_scale, config or TMA_FWD_CONFIG, meta)
+        _fwd_tma(q, k, v, o, lse, causal_off, sm_scale, config or TMA_FWD_CONFIG, meta)
         return o, lse
     configs = _fwd_configs(block_d) if config is None else [config]
     whole = [c for c in configs if Nk % c.kwargs["BLOCK_N"] == 0]
@@ -717,7 +753,7 @@ def flash_attn_fwd(q, k, v, causal=False, sm_scale=None, config=None):
     return o, lse
 
 
-def _fwd_tma(q, k, v, o, lse, causal, sm_scale, config, meta):
+def _fwd_tma(q, k, v, o, lse, causal_off, sm_scale, config, meta):
     """The TMA-pipelined forward: [B*H*N, D] descriptors over contiguous q, k, v."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -727,41 +763,15 @@ def _fwd_tma(q, k, v, o, lse, causal, sm_scale, config, meta):
              TensorDescriptor(k, [B * Hkv * Nk, D], [D, 1], [bn, D]),
              TensorDescriptor(v, [B * Hkv * Nk, D], [D, 1], [bn, D]))
     _flash_attn_fwd_tma_kernel[(cdiv(Nq, bm), B * Hq)](
-        *descs, o, lse, Nq, Nk, Hq // Hkv, sm_scale, **meta, BLOCK_M=bm, BLOCK_N=bn,
+        *descs, o, lse, Nq, Nk, causal_off, Hq // Hkv, sm_scale, **meta, BLOCK_M=bm, BLOCK_N=bn,
         EVEN_N=Nk % bn == 0, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None,
-                   deterministic=True):
-    """FlashAttention-2 backward (Dao 2023, Algorithm 2) by recomputing P from ``lse``.
-
-    A preprocess kernel computes D = rowsum(dO∘O). Then, with ``deterministic=True``, a dK/dV
-    kernel (one program per key tile, looping over the queries of every head of its group) and a
-    dQ kernel (one program per query tile, looping over the keys): no atomics, bitwise repeatable.
-    With ``deterministic=False``, one fused kernel computes dK, dV and adds each tile's share of dQ
-    into an fp32 buffer with atomics (5 tile matmuls per step instead of 7; the summation order,
-    and so the last bits of dQ, vary from run to run).
-
-    Args:
-        do: [B, Hq, Nq, D] gradient of o, q's dtype, any strides.
-        q, k, v, o, lse: as given to and returned by ``flash_attn_fwd`` (o: q's shape and dtype;
-            lse: float32 [B, Hq, Nq]; any strides).
-        config: a ``triton.Config`` with BLOCK_M1, BLOCK_N1 (dK/dV) and BLOCK_M2, BLOCK_N2 (dQ),
-            powers of two >= 16; None autotunes each kernel on a GPU.
-        deterministic: choose the atomic-free backward (default) or the fused atomic one.
-
-    Returns:
-        dq [B, Hq, Nq, D], dk and dv [B, Hkv, Nk, D], in q's dtype (contiguous).
-    """
-    _check_qkv(q, k, v)
-    check_tensor("do", do, dtypes=(q.dtype,), ndim=4, device=q.device)
-    if do.shape != q.shape:
-        raise ValueError(f"do must have q's shape {tuple(q.shape)}, got {tuple(do.shape)}")
-    _check_bwd_saved(q, o, lse)
-    _check_config(config, BWD_TILES)
+def _launch_bwd(do, q, k, v, o, lse, causal: bool, causal_off: int, sm_scale: float, config,
+                deterministic: bool):
+    """FlashAttention-2 backward (Dao 2023, Algorithm 2) on checked inputs: dq, dk, dv."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    sm_scale = _check_scale(sm_scale, D)
     q, k, v, do = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(do)
     o, lse = o.contiguous(), lse.contiguous()
     block_d = _block_d(D)
@@ -775,10 +785,11 @@ def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None
     else:  # σ⁻¹ dQ accumulates here in fp32 from every key tile
         dq = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    meta = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=block_d, DOT_FP32=_dot_fp32(q))
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, dq, *strides, Hq, Hkv, Nq, Nk, Hq // Hkv,
-                 sm_scale)
-    dq_args = (q, k, v, do, lse, delta, dq, *strides, Hq, Nq, Nk, Hq // Hkv, sm_scale)
+    meta = dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, DOT_FP32=_dot_fp32(q))
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, dq, *strides, Hq, Hkv, Nq, Nk, causal_off,
+                 Hq // Hkv, sm_scale)
+    dq_args = (q, k, v, do, lse, delta, dq, *strides, Hq, Nq, Nk, causal_off, Hq // Hkv,
+               sm_scale)
     if config is None and _interpreted():
         config = CPU_BWD_CONFIG
     if config is None:
@@ -807,33 +818,242 @@ def flash_attn_bwd(do, q, k, v, o, lse, causal=False, sm_scale=None, config=None
 # --8<-- [end:launcher]
 
 
-# --8<-- [start:autograd]
-class FlashAttnFunction(torch.autograd.Function):
-    """o = softmax(σ q kᵀ [+ causal mask]) v with the FlashAttention-2 forward and backward."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal=False, sm_scale=None, deterministic=True, fwd_config=None,
-                bwd_config=None):
-        o, lse = flash_attn_fwd(q, k, v, causal, sm_scale, fwd_config)
-        ctx.save_for_backward(q, k, v, o, lse)  # O(N) extra memory: o and lse, never P
-        ctx.args = (causal, sm_scale, bwd_config, deterministic)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        causal, sm_scale, config, deterministic = ctx.args
-        dq, dk, dv = flash_attn_bwd(do, q, k, v, o, lse, causal, sm_scale, config, deterministic)
-        return dq, dk, dv, None, None, None, None, None
+# --8<-- [start:ops]
+# The forward and the backward are torch custom operators: torch.compile and FakeTensorMode see
+# their fake implementations (shapes only) instead of tracing into the launchers, and autograd
+# calls the backward op. Configs travel as lists of ints (_check_config).
+@torch.library.custom_op("kernelnotes::flash_attn_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+            causal_alignment: str, sm_scale: float, config: list[int] | None,
+            deterministic: bool, bwd_config: list[int] | None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse); ``deterministic`` and ``bwd_config`` are kept for the backward only."""
+    off = _causal_off(q.shape[2], k.shape[2], causal_alignment)
+    return _launch_fwd(q, k, v, causal, off, sm_scale, _config(config, FWD_TILES))
 
 
-def flash_attention(q, k, v, causal=False, sm_scale=None, *, deterministic=True, fwd_config=None,
-                    bwd_config=None):
-    """FlashAttention-2 with autograd; see ``flash_attn_fwd`` for shapes and the causal convention.
+@_fwd_op.register_fake
+def _(q, k, v, causal, causal_alignment, sm_scale, config, deterministic, bwd_config):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
-    ``deterministic=True`` (default) gives a bitwise-repeatable backward without atomics;
-    ``False`` uses the fused backward that adds dQ with atomics (see ``flash_attn_bwd``).
+
+@torch.library.custom_op("kernelnotes::flash_attn_bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            o: torch.Tensor, lse: torch.Tensor, causal: bool, causal_alignment: str,
+            sm_scale: float, deterministic: bool, config: list[int] | None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    off = _causal_off(q.shape[2], k.shape[2], causal_alignment)
+    return _launch_bwd(do, q, k, v, o, lse, causal, off, sm_scale, _config(config, BWD_TILES),
+                       deterministic)
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, o, lse, causal, causal_alignment, sm_scale, deterministic, config):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(k.shape)
+
+
+def _fwd_setup(ctx, inputs, output):
+    q, k, v, causal, alignment, sm_scale, _, deterministic, bwd_config = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)  # O(N) extra memory: o and lse, never P
+    ctx.mark_non_differentiable(lse)
+    ctx.args = (causal, alignment, sm_scale, deterministic, bwd_config)
+
+
+def _fwd_backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _bwd_op(do, q, k, v, o, lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+# --8<-- [end:ops]
+
+
+# --8<-- [start:api]
+def flash_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    causal_alignment: str = "top_left",
+    deterministic: bool = True,
+    fwd_config: triton.Config | None = None,
+    bwd_config: triton.Config | None = None,
+) -> torch.Tensor:
+    """FlashAttention-2 with autograd, a drop-in for ``F.scaled_dot_product_attention``.
+
+    Same signature and, for every input it accepts, the same result as
+    ``torch.nn.functional.scaled_dot_product_attention`` up to rounding:
+    ``softmax(scale * query @ key.mT + causal mask) @ value``. Forward and backward are the
+    custom operators ``torch.ops.kernelnotes.flash_attn_fwd`` / ``flash_attn_bwd``, so the
+    function works under ``torch.compile(fullgraph=True)`` and ``FakeTensorMode``.
+
+    Args:
+        query: [B, Hq, Nq, D] float16 or bfloat16, any strides, 16 <= D <= 256,
+            B * Hq <= 65535. On a CUDA device (or on the CPU when Triton runs in its
+            interpreter, ``TRITON_INTERPRET=1``).
+        key: [B, Hkv, Nk, D], query's dtype and device. Hkv == Hq, or with ``enable_gqa``
+            any divisor of Hq (grouped-query attention: query head h uses key head
+            h // (Hq // Hkv), as SDPA).
+        value: key's shape, dtype and device (SDPA's value head dim Ev != D is not supported).
+        attn_mask: must be None: mask tensors are not supported.
+        dropout_p: must be 0.0: dropout is not supported.
+        is_causal: mask keys in the future. Aligned as SDPA aligns it, top-left: query i sees
+            key j iff j <= i (``torch.ones(Nq, Nk).tril()``), unless ``causal_alignment``
+            says otherwise.
+        scale: σ in softmax(σ q kᵀ), a finite number > 0; None gives 1 / sqrt(D).
+        enable_gqa: allow Hkv < Hq, as in SDPA.
+        causal_alignment: ``"top_left"`` (default, SDPA's ``is_causal``) or
+            ``"bottom_right"``: query i sees key j iff j <= i + Nk - Nq, so the last query sees
+            every key, what decoding with a KV cache needs (FlashAttention >= 2.1, and SDPA with
+            ``attn_mask=torch.nn.attention.bias.causal_lower_right(Nq, Nk)``). With
+            Nq > Nk its first Nq - Nk rows see no key: their output is 0 and so are their
+            gradients, as PyTorch's math attention gives for a fully masked row.
+        deterministic: True (default): the atomic-free, bitwise repeatable backward; False:
+            the fused backward that adds dQ with atomics (see ``flash_attn_bwd``).
+        fwd_config: a ``triton.Config`` setting BLOCK_M, BLOCK_N (powers of two >= 16) for
+            the forward; None autotunes on a GPU.
+        bwd_config: a ``triton.Config`` setting BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2 for the
+            backward; None autotunes on a GPU.
+
+    Returns:
+        [B, Hq, Nq, D], query's dtype, contiguous.
+
+    Raises:
+        TypeError: a non-tensor input, a dtype other than float16/bfloat16 (float32 included),
+            mixed dtypes, a flag that is not a bool, a config that is not a triton.Config.
+        ValueError: a mask, dropout_p != 0, a wrong rank or mismatched shapes, an empty input,
+            an unsupported head dim, Hkv != Hq without enable_gqa (or Hq not a multiple of
+            Hkv), inputs on different devices or on a device the kernels cannot run on, a
+            scale that is not a finite number > 0, an unknown causal_alignment, bad tiles.
     """
-    return FlashAttnFunction.apply(q, k, v, causal, sm_scale, deterministic, fwd_config,
-                                   bwd_config)
-# --8<-- [end:autograd]
+    if attn_mask is not None:
+        raise ValueError("attn_mask is not supported: flash_attention takes no mask tensor "
+                         "(causal masks: is_causal=True, with causal_alignment)")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0 (dropout is not supported), got {dropout_p!r}")
+    _check_flag("is_causal", is_causal)
+    _check_flag("enable_gqa", enable_gqa)
+    _check_flag("deterministic", deterministic)
+    _check_alignment(causal_alignment)
+    _check_qkv(query, key, value, ("query", "key", "value"))
+    if not enable_gqa and key.shape[1] != query.shape[1]:
+        raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass "
+                         "enable_gqa=True for grouped-query attention (as in SDPA)")
+    sm_scale = _check_scale("scale", scale, query.shape[-1])
+    fwd = _check_config(fwd_config, FWD_TILES, "fwd_config")
+    bwd = _check_config(bwd_config, BWD_TILES, "bwd_config")
+    o, _ = _fwd_op(query, key, value, is_causal, causal_alignment, sm_scale, fwd, deterministic,
+                   bwd)
+    return o
+# --8<-- [end:api]
+
+
+def flash_attn_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    config: triton.Config | None = None,
+    *,
+    causal_alignment: str = "top_left",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-2 forward (Dao 2023, arXiv:2307.08691, Algorithm 1), with its log-sum-exp.
+
+    Args:
+        q: [B, Hq, Nq, D] float16 or bfloat16, any strides; 16 <= D <= 256 (any D: the kernel
+            pads the head dim to a power of two and masks the padding).
+        k: [B, Hkv, Nk, D], same dtype and device as q; Hq must be a multiple of Hkv.
+        v: k's shape, dtype and device.
+        causal: mask keys in the future (a bool), aligned by ``causal_alignment``.
+        sm_scale: σ in softmax(σ q kᵀ), a finite number > 0; default 1/sqrt(D).
+        config: a ``triton.Config`` with BLOCK_M, BLOCK_N (tests), powers of two >= 16, and its
+            num_warps, num_stages and maxnreg (a register cap, or None); None autotunes on a GPU.
+        causal_alignment: ``"top_left"`` (query i sees key j iff j <= i, SDPA's) or
+            ``"bottom_right"`` (j <= i + Nk - Nq; rows with i < Nq - Nk see nothing and give
+            zeros).
+
+    Returns:
+        o: [B, Hq, Nq, D] same dtype as q (contiguous); lse: [B, Hq, Nq] float32, the natural
+        log-sum-exp of each row of σ q kᵀ, +inf for a row that sees no key. o carries
+        autograd (lse does not).
+
+    Raises:
+        TypeError, ValueError: as ``flash_attention``, naming the argument.
+    """
+    _check_flag("causal", causal)
+    _check_alignment(causal_alignment)
+    _check_qkv(q, k, v)
+    cfg = _check_config(config, FWD_TILES)
+    sm_scale = _check_scale("sm_scale", sm_scale, q.shape[-1])
+    return _fwd_op(q, k, v, causal, causal_alignment, sm_scale, cfg, True, None)
+
+
+def flash_attn_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    config: triton.Config | None = None,
+    deterministic: bool = True,
+    *,
+    causal_alignment: str = "top_left",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2 backward (Dao 2023, Algorithm 2) by recomputing P from ``lse``.
+
+    A preprocess kernel computes D = rowsum(dO∘O). Then, with ``deterministic=True``, a dK/dV
+    kernel (one program per key tile, looping over the queries of every head of its group) and a
+    dQ kernel (one program per query tile, looping over the keys): no atomics, bitwise repeatable.
+    With ``deterministic=False``, one fused kernel computes dK, dV and adds each tile's share of dQ
+    into an fp32 buffer with atomics (5 tile matmuls per step instead of 7; the summation order,
+    and so the last bits of dQ, vary from run to run).
+
+    Args:
+        do: [B, Hq, Nq, D] gradient of o, q's dtype, any strides.
+        q: as given to ``flash_attn_fwd``.
+        k: as given to ``flash_attn_fwd``.
+        v: as given to ``flash_attn_fwd``.
+        o: as ``flash_attn_fwd`` returned it (q's shape and dtype; any strides).
+        lse: float32 [B, Hq, Nq], as ``flash_attn_fwd`` returned it.
+        causal: the forward's flag (a bool).
+        sm_scale: the forward's σ; default 1/sqrt(D).
+        config: a ``triton.Config`` with BLOCK_M1, BLOCK_N1 (dK/dV) and BLOCK_M2, BLOCK_N2 (dQ),
+            powers of two >= 16; None autotunes each kernel on a GPU.
+        deterministic: choose the atomic-free backward (default) or the fused atomic one.
+        causal_alignment: the forward's alignment.
+
+    Returns:
+        dq [B, Hq, Nq, D], dk and dv [B, Hkv, Nk, D], in q's dtype (contiguous).
+
+    Raises:
+        TypeError, ValueError: as ``flash_attn_fwd``, naming the argument.
+        RuntimeError: an input requires grad with grad mode on: this op has no backward
+            (double backward of attention is not supported).
+    """
+    _check_flag("causal", causal)
+    _check_flag("deterministic", deterministic)
+    _check_alignment(causal_alignment)
+    _check_qkv(q, k, v)
+    check_tensor("do", do, dtypes=(q.dtype,), ndim=4, device=q.device)
+    if do.shape != q.shape:
+        raise ValueError(f"do must have q's shape {tuple(q.shape)}, got {tuple(do.shape)}")
+    _check_bwd_saved(q, o, lse)
+    cfg = _check_config(config, BWD_TILES)
+    sm_scale = _check_scale("sm_scale", sm_scale, q.shape[-1])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (do, q, k, v, o)):
+        raise RuntimeError("flash_attn_bwd has no backward (double backward of attention is not "
+                           "supported): call it under torch.no_grad() or on detached tensors")
+    return _bwd_op(do, q, k, v, o, lse, causal, causal_alignment, sm_scale, deterministic, cfg)

@@ -4,8 +4,9 @@ Versions, each a named section the post includes and the tests run against each 
 ``attention_naive`` (materialize S and P) -> ``flash_attention_forward`` (online softmax, the same
 loops as the Triton kernel, optionally recording every inner step) -> ``flash_attention_backward``
 (recomputation from the saved log-sum-exp). Shapes are [N, d] for one head; the functions also
-broadcast over leading batch/head axes where noted. Causal masks are bottom-right aligned: query
-i may see key j when j <= i + (Nk - Nq), the convention of FlashAttention-2 >= 2.1.
+broadcast over leading batch/head axes where noted. Causal masks are aligned top-left by default,
+as PyTorch's ``is_causal``: query i may see key j when j <= i; ``alignment="bottom_right"`` gives
+j <= i + (Nk - Nq), the convention of FlashAttention >= 2.1 (the last query sees every key).
 """
 
 from __future__ import annotations
@@ -16,19 +17,20 @@ VERSIONS = ("attention_naive", "flash_attention_forward", "flash_attention_backw
 
 
 # --8<-- [start:naive]
-def causal_mask(Nq: int, Nk: int) -> np.ndarray:
-    """True where query i may attend to key j: j <= i + (Nk - Nq) (bottom-right aligned)."""
+def causal_mask(Nq: int, Nk: int, alignment: str = "top_left") -> np.ndarray:
+    """True where query i may attend to key j: j <= i (top-left, as torch's is_causal), or
+    j <= i + (Nk - Nq) (bottom-right)."""
     i = np.arange(Nq)[:, None]
     j = np.arange(Nk)[None, :]
-    return j <= i + (Nk - Nq)  # [Nq, Nk]
+    return j <= i + (Nk - Nq if alignment == "bottom_right" else 0)  # [Nq, Nk]
 
 
-def attention_naive(Q, K, V, causal=False, sm_scale=None):
+def attention_naive(Q, K, V, causal=False, sm_scale=None, alignment="top_left"):
     """Standard attention O = softmax(sm_scale Q K^T) V, materializing S and P. Returns (O, L)."""
     sm_scale = 1.0 / np.sqrt(Q.shape[-1]) if sm_scale is None else sm_scale
     S = sm_scale * Q @ np.swapaxes(K, -1, -2)  # S = σ Q Kᵀ            [..., Nq, Nk]
     if causal:
-        S = np.where(causal_mask(Q.shape[-2], K.shape[-2]), S, -np.inf)
+        S = np.where(causal_mask(Q.shape[-2], K.shape[-2], alignment), S, -np.inf)
     m = S.max(axis=-1, keepdims=True)  # row max                [..., Nq, 1]
     m = np.where(np.isfinite(m), m, 0.0)  # an empty row has m = -inf: keep exp() away from NaN
     E = np.exp(S - m)  # e^(S - m)              [..., Nq, Nk]
@@ -42,7 +44,8 @@ def attention_naive(Q, K, V, causal=False, sm_scale=None):
 
 
 # --8<-- [start:forward]
-def flash_attention_forward(Q, K, V, Br, Bc, causal=False, sm_scale=None, trace=None):
+def flash_attention_forward(Q, K, V, Br, Bc, causal=False, sm_scale=None, trace=None,
+                            alignment="top_left"):
     """FlashAttention-2 forward (Dao 2023, Algorithm 1) for one head: Q [Nq, d], K, V [Nk, d].
 
     Returns (O, L) with L the row log-sum-exp (+inf for a row that sees no key, as
@@ -62,7 +65,7 @@ def flash_attention_forward(Q, K, V, Br, Bc, causal=False, sm_scale=None, trace=
             Kj, Vj = K[j : j + Bc], V[j : j + Bc]  # K_j, V_j               [Bc, d]
             S = sm_scale * Qi @ Kj.T  # S_ij = σ Q_i K_jᵀ      [Br, Bc]
             if causal:
-                visible = causal_mask(Nq, Nk)[i : i + Br, j : j + Bc]
+                visible = causal_mask(Nq, Nk, alignment)[i : i + Br, j : j + Bc]
                 if not visible.any():
                     continue  # a tile wholly in the future is skipped, not computed
                 S = np.where(visible, S, -np.inf)
@@ -84,7 +87,8 @@ def flash_attention_forward(Q, K, V, Br, Bc, causal=False, sm_scale=None, trace=
 
 
 # --8<-- [start:backward]
-def flash_attention_backward(Q, K, V, O, dO, L, causal=False, sm_scale=None):
+def flash_attention_backward(Q, K, V, O, dO, L, causal=False, sm_scale=None,
+                             alignment="top_left"):
     """Gradients (dQ, dK, dV) by recomputing P from the saved L (Dao 2023, Algorithm 2).
 
     Written untiled for clarity: the kernel computes the same lines tile by tile.
@@ -92,7 +96,7 @@ def flash_attention_backward(Q, K, V, O, dO, L, causal=False, sm_scale=None):
     sm_scale = 1.0 / np.sqrt(Q.shape[-1]) if sm_scale is None else sm_scale
     S = sm_scale * Q @ K.T  # S = σ Q Kᵀ              [Nq, Nk]
     if causal:
-        S = np.where(causal_mask(Q.shape[0], K.shape[0]), S, -np.inf)
+        S = np.where(causal_mask(Q.shape[0], K.shape[0], alignment), S, -np.inf)
     P = np.exp(S - L[:, None])  # P = e^(S - L): recomputed, never stored; L = +inf gives 0
     Dlt = (dO * O).sum(axis=1)  # D_i = rowsum(dO ∘ O) = rowsum(dP ∘ P)         [Nq]
     dV = P.T @ dO  # dV = Pᵀ dO                                     [Nk, d]
