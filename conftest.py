@@ -13,8 +13,10 @@ Which machine the suite runs on (CPU with the Triton interpreter, or a CUDA GPU)
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import re
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,18 @@ def _fence_source_visible_to_inspect(request, monkeypatch):
     path, lines = str(request.node.path), source.splitlines(keepends=True)
     real = linecache.getlines
     monkeypatch.setattr(linecache, "getlines", lambda f, g=None: lines if f == path else real(f, g))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """pytest-markdown-docs turns pytest's output capture off while a fence runs, so a fence's
+    prints would land between the progress dots; keep capture on (a failing fence's output is
+    still shown, under "Captured stdout call")."""
+    if getattr(item, "code", None) is None:
+        return (yield)
+    capman = item.config.pluginmanager.getplugin("capturemanager")
+    with mock.patch.object(capman, "global_and_fixture_disabled", contextlib.nullcontext):
+        return (yield)
 
 
 def pytest_report_header(config):

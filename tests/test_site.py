@@ -142,7 +142,9 @@ def pytest_generate_tests(metafunc):
         # pages are listed from the source tree, so ids exist before the build runs
         posts = [f"posts/{p.stem}" for p in sorted((ROOT / "docs" / "posts").glob("*.md"))]
         nbs = [f"notebooks/{p.stem}" for p in sorted((ROOT / "docs" / "notebooks").glob("*.py"))]
-        metafunc.parametrize("rel", ["."] + posts + nbs)
+        api = [f"api/{p.stem}" if p.stem != "index" else "api"
+               for p in sorted((ROOT / "docs" / "api").glob("*.md"))]
+        metafunc.parametrize("rel", [".", "errata", "about"] + posts + nbs + api)
 
 
 @pytest.mark.browser
@@ -201,3 +203,44 @@ def test_home_page_lists_every_post(page, base_url):
     )
     posts = sorted(p.stem for p in (ROOT / "docs" / "posts").glob("*.md"))
     assert all(any(p in href for href in links) for p in posts), (posts, links)
+
+
+def _posts_with_errata() -> list[str]:
+    return [p.stem for p in sorted((ROOT / "docs" / "posts").glob("*.md"))
+            if '??? errata "' in p.read_text(encoding="utf-8")]
+
+
+def test_the_blog_has_dates_a_feed_an_archive_and_the_errata_page(site):
+    posts = sorted(p.stem for p in (ROOT / "docs" / "posts").glob("*.md"))
+    for post in posts:
+        html = (site / "posts" / post / "index.html").read_text(encoding="utf-8")
+        assert "<time datetime=" in html and "min read" in html, post
+    feed = (site / "feed_rss_created.xml").read_text(encoding="utf-8")
+    assert all(f"/posts/{p}/</link>" in feed for p in posts), "every post is in the RSS feed"
+    assert list((site / "archive").rglob("index.html")), "no archive page"
+    assert list((site / "category").rglob("index.html")), "no category pages"
+    errata = (site / "errata" / "index.html").read_text(encoding="utf-8")
+    for post in _posts_with_errata():
+        assert f'href="../posts/{post}/"' in errata, f"{post}'s errata are not on the Errata page"
+    api = sorted(p.stem for p in (ROOT / "docs" / "api").glob("*.md") if p.stem != "index")
+    for topic in api:  # mkdocstrings rendered the topic's public functions
+        html = (site / "api" / topic / "index.html").read_text(encoding="utf-8")
+        assert html.count('class="doc doc-heading"') >= 1, topic
+
+
+@pytest.mark.browser
+def test_posts_fit_the_column_at_1280px_with_checks_folded(browser, base_url):
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    try:
+        for path in sorted((ROOT / "docs" / "posts").glob("*.md")):
+            page.goto(f"{base_url}/posts/{path.stem}/")
+            page.wait_for_load_state("load")
+            wide = page.evaluate("""() => [...document.querySelectorAll('.md-content pre > code')]
+                .filter(c => c.scrollWidth > c.clientWidth + 1)
+                .map(c => c.textContent.split('\\n').sort((a, b) => b.length - a.length)[0])""")
+            assert wide == [], f"{path.stem}: code that scrolls sideways at 1280 px: {wide[:3]}"
+            opened = page.locator("details.check[open]").count()
+            assert opened == 0, f"{path.stem}: {opened} check blocks are open by default"
+    finally:
+        ctx.close()
