@@ -151,7 +151,8 @@ def test_adam_first_step_moves_every_coordinate_by_lr():
 
 
 def test_adamw_decays_towards_zero_without_gradient():
-    path = adam(lambda t: np.zeros_like(t), [2.0], 10, lr=0.1, weight_decay=0.5, decoupled=True)
+    path = adam(lambda t: np.zeros_like(t), [2.0], 10, lr=0.1, weight_decay=0.5,
+                decoupled_weight_decay=True)
     assert np.allclose(path[:, 0], 2.0 * 0.95 ** np.arange(11), rtol=1e-14)
 
 
@@ -200,7 +201,8 @@ def test_sgd_step_matches_float64_and_writes_every_buffer_element(dtype, hyper):
 @pytest.mark.parametrize("hyper", [
     dict(lr=1e-2),
     dict(lr=1e-2, weight_decay=0.1, amsgrad=True),
-    dict(lr=1e-2, weight_decay=0.1, decoupled=True, maximize=True, beta1=0.8, beta2=0.99, eps=1e-6),
+    dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True, maximize=True, beta1=0.8,
+         beta2=0.99, eps=1e-6),
 ])
 def test_adam_step_matches_float64(dtype, hyper):
     ps, gs = _params(dtype), _params(dtype, seed=1)
@@ -224,7 +226,7 @@ def test_adam_step_matches_float64(dtype, hyper):
     # m, v (and v_max) are fp32 sums of the very gradients the reference sees: fp32 accuracy. But
     # Adam's L2 term folds the bf16 parameter into them, and where the kernel's fp32 parameter and
     # the float64 one round to neighbouring bf16 values that element's moments differ by ~u_bf16.
-    l2 = hyper.get("weight_decay", 0) != 0 and not hyper.get("decoupled", False)
+    l2 = hyper.get("weight_decay", 0) != 0 and not hyper.get("decoupled_weight_decay", False)
     su = u if l2 else U32
     for t, r in ((ms, m64), (vs, v64)) + (((vmaxs, vm64),) if amsgrad else ()):
         assert rel_err(_flat(t), _flat(r)) < 10 * su, rel_err(_flat(t), _flat(r))
@@ -271,7 +273,7 @@ def _assert_same_nonfinite_and_close(got, want, tol):
     ("sgd", dict(lr=0.1, momentum=0.9, dampening=0.25, weight_decay=0.01, maximize=True)),
     ("sgd", dict(lr=0.1, momentum=0.9, nesterov=True)),
     ("adam", dict(lr=1e-2, weight_decay=0.1)),
-    ("adam", dict(lr=1e-2, weight_decay=0.1, decoupled=True, maximize=True)),
+    ("adam", dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True, maximize=True)),
 ])
 def test_nan_and_inf_gradients_give_torch_optims_result(kind, hyper, bad, dtype):
     """A NaN or +-inf gradient entry (in a full block, in a masked tail, in a 2-D tensor) makes
@@ -290,8 +292,7 @@ def test_nan_and_inf_gradients_give_torch_optims_result(kind, hyper, bad, dtype)
         ref = torch.optim.SGD(qs, **hyper)
         states = [[torch.zeros(p.shape, device=DEVICE) for p in ps]] if "momentum" in hyper else []
     else:
-        ref = torch.optim.Adam(qs, **{"decoupled_weight_decay" if k == "decoupled" else k: v
-                                      for k, v in hyper.items()})
+        ref = torch.optim.Adam(qs, **hyper)
         states = [[torch.zeros(p.shape, device=DEVICE) for p in ps] for _ in range(2)]
         s64 = [(0 * p, 0 * p) for p in p64]  # m, v of the float64 reference, for the state
     # inf - inf and inf / inf are meant here (the interpreter and the reference run NumPy)
@@ -320,7 +321,7 @@ def test_nan_and_inf_gradients_give_torch_optims_result(kind, hyper, bad, dtype)
     # updates m by m.lerp_(g, 1 - beta1) = m + (1 - beta1)(g - m), NaN for m = g = inf, where
     # ours (the paper's beta1 m + (1 - beta1) g) stays inf. Tolerance as in
     # test_adam_step_matches_float64.
-    l2 = hyper.get("weight_decay", 0) != 0 and not hyper.get("decoupled", False)
+    l2 = hyper.get("weight_decay", 0) != 0 and not hyper.get("decoupled_weight_decay", False)
     su = u if l2 else U32
     for j, ours in enumerate(states):
         wants = ([ref.state[q]["momentum_buffer"] for q in qs] if kind == "sgd"
@@ -397,7 +398,7 @@ def test_100_steps_match_torch_optim_to_fp32_rounding(kind, ours_cls, torch_cls,
     shapes = SHAPES if ON_GPU else [(CFG.kwargs["BLOCK"] + 37,), (5, 7)]  # interpreter: 2 programs
     ps, qs, *_ = _run_pair(ours_cls, torch_cls, kwargs, STEPS, shapes=shapes)
     if ours_cls is AdamW:
-        kwargs = dict(kwargs, decoupled=True, weight_decay=1e-2)
+        kwargs = dict(kwargs, decoupled_weight_decay=True, weight_decay=1e-2)
     r64 = _replay_f64(kind, kwargs, STEPS, shapes)
     p, q, r = _flat(ps), _flat(qs), _flat(r64)
     # 100 steps each add a rounding of relative size u, and the momentum buffer sums ~10
@@ -581,8 +582,6 @@ def test_refusals():
         adam_step_([p], [p], [p], [p], step=1, lr=0.1, amsgrad=True, config=CFG)
     with pytest.raises(ValueError, match="step counts from 1"):
         adam_step_([p], [p], [p], [p], step=0, lr=0.1, config=CFG)
-    with pytest.raises(ValueError, match="non-empty list"):
-        sgd_step_([], [], lr=0.1, config=CFG)
     with pytest.raises(TypeError,
                        match=r"grads\[0\] is sparse: sparse gradients are not supported"):
         sgd_step_([p], [torch.zeros(4, device=DEVICE).to_sparse()], lr=0.1, config=CFG)
@@ -609,7 +608,7 @@ def test_refusals():
     ("adam", dict(beta2=1.5), ValueError, r"beta2 must be in \[0, 1\), got 1\.5"),
     ("adam", dict(beta2=math.nan), ValueError, r"beta2 must be in \[0, 1\), got nan"),
     ("adam", dict(eps=-1e-8), ValueError, r"eps must be a finite number >= 0, got -1e-08"),
-    ("adam", dict(weight_decay=-0.1, decoupled=True), ValueError,
+    ("adam", dict(weight_decay=-0.1, decoupled_weight_decay=True), ValueError,
      r"weight_decay must be a finite number >= 0, got -0\.1"),
     ("adam", dict(step=2.5), TypeError, r"step must be an int, got float"),
     ("adam", dict(step=-3), ValueError, r"step counts from 1, got -3"),
@@ -746,3 +745,389 @@ def test_lr_schedulers_drive_the_fused_step():
             s.step()
     assert ours.param_groups[0]["lr"] == ref.param_groups[0]["lr"]
     assert rel_err(_flat(ps), _flat(qs)) < 10 * U32 * math.sqrt(4)
+# ---------------------------------------------------------------- bad input, tabled
+
+
+def _t(*shape, dtype=torch.float32, device=DEVICE, **kw):
+    return torch.ones(shape, dtype=dtype, device=device, **kw)
+
+
+def _sgd_args(**over):
+    """sgd_step_ with momentum on one 4-element tensor; ``over`` replaces any argument."""
+    args = dict(params=[_t(4)], grads=[_t(4)], momentum_buffers=[_t(4)], lr=0.1, momentum=0.9,
+                config=CFG)
+    args.update(over)
+    return args
+
+
+def _adam_args(**over):
+    args = dict(params=[_t(4)], grads=[_t(4)], exp_avgs=[_t(4)], exp_avg_sqs=[_t(4)], step=1,
+                lr=0.1, config=CFG)
+    args.update(over)
+    return args
+
+
+def _sparse():
+    return torch.zeros(4, device=DEVICE).to_sparse()
+
+
+OTHER = "cpu" if ON_GPU else "meta"  # a device the kernels can't run on
+NONCONTIG = lambda: torch.ones(4, 4, device=DEVICE).t()  # noqa: E731
+# (kind of bad input, keyword overrides, expected exception or None = handled as torch, match)
+SGD_STEP_BAD = [
+    ("wrong dtype", dict(params=[_t(4, dtype=torch.float64)], grads=[_t(4, dtype=torch.float64)],
+                         momentum_buffers=[_t(4, dtype=torch.float64)]), TypeError, r"params\[0\]"),
+    ("mixed dtypes", dict(grads=[_t(4, dtype=torch.bfloat16)]), TypeError, r"grads\[0\]"),
+    ("mismatched shapes", dict(grads=[_t(5)]), ValueError, r"grads\[0\]"),
+    ("list lengths differ", dict(grads=[_t(4), _t(4)]), ValueError, "grads"),
+    ("empty lists", dict(params=[], grads=[], momentum_buffers=[]), None, None),
+    ("non-contiguous", dict(params=[NONCONTIG()], grads=[_t(4, 4)], momentum_buffers=[_t(4, 4)]),
+     ValueError, r"params\[0\]"),
+    ("NaN/inf gradient", dict(grads=[torch.tensor([1.0, math.nan, math.inf, -math.inf],
+                                                  device=DEVICE)]), None, None),
+    ("wrong device", dict(grads=[_t(4, device=OTHER)]), ValueError, r"grads\[0\]"),
+    ("sparse gradient", dict(grads=[_sparse()]), TypeError, r"grads\[0\]"),
+    ("invalid option: momentum without buffers", dict(momentum_buffers=None), ValueError,
+     "momentum_buffers"),
+    ("non-finite hyperparameter: lr=nan", dict(lr=math.nan), ValueError, "lr"),
+    ("non-finite hyperparameter: dampening=nan", dict(dampening=math.nan), ValueError,
+     "dampening"),
+    ("non-bool flag: nesterov='yes'", dict(nesterov="yes"), TypeError, "nesterov"),
+    ("non-bool flag: first_step=1", dict(first_step=1), TypeError, "first_step"),
+    ("params not a list", dict(params=_t(4)), TypeError, "params"),
+    ("config not a triton.Config", dict(config={"BLOCK": 128}), TypeError, "config"),
+    ("requires_grad in grad mode", dict(params=[_t(4, requires_grad=True)]), RuntimeError,
+     "sgd_step_"),
+]
+ADAM_STEP_BAD = [
+    ("wrong dtype", dict(params=[_t(4, dtype=torch.float16)], grads=[_t(4, dtype=torch.float16)]),
+     TypeError, r"params\[0\]"),
+    ("mixed dtypes", dict(exp_avgs=[_t(4, dtype=torch.bfloat16)]), TypeError, r"exp_avgs\[0\]"),
+    ("mismatched shapes", dict(exp_avg_sqs=[_t(2, 2)]), ValueError, r"exp_avg_sqs\[0\]"),
+    ("list lengths differ", dict(exp_avgs=[]), ValueError, "exp_avgs"),
+    ("empty lists", dict(params=[], grads=[], exp_avgs=[], exp_avg_sqs=[]), None, None),
+    ("non-contiguous", dict(params=[_t(4, 4)], grads=[_t(4, 4)], exp_avgs=[NONCONTIG()],
+                            exp_avg_sqs=[_t(4, 4)]), ValueError, r"exp_avgs\[0\]"),
+    ("NaN/inf gradient", dict(grads=[torch.tensor([1.0, math.nan, math.inf, -math.inf],
+                                                  device=DEVICE)]), None, None),
+    ("wrong device", dict(exp_avg_sqs=[_t(4, device=OTHER)]), ValueError, r"exp_avg_sqs\[0\]"),
+    ("invalid option: amsgrad without max_exp_avg_sqs", dict(amsgrad=True), ValueError,
+     "max_exp_avg_sqs"),
+    ("non-finite hyperparameter: eps=nan", dict(eps=math.nan), ValueError, "eps"),
+    ("non-finite hyperparameter: weight_decay=nan", dict(weight_decay=math.nan), ValueError,
+     "weight_decay"),
+    ("non-finite hyperparameter: beta1=inf", dict(beta1=math.inf), ValueError, "beta1"),
+    ("invalid option: step=0", dict(step=0), ValueError, "step"),
+    ("invalid option: step=2.5", dict(step=2.5), TypeError, "step"),
+    ("non-bool flag: amsgrad='yes'", dict(amsgrad="yes", max_exp_avg_sqs=[_t(4)]), TypeError,
+     "amsgrad"),
+    ("params not a list", dict(params=_t(4)), TypeError, "params"),
+    ("requires_grad in grad mode", dict(params=[_t(4, requires_grad=True)]), RuntimeError,
+     "adam_step_"),
+]
+
+
+def _torch_functional(kind, args):
+    """What torch.optim's own step does with the same inputs (fp32 copies, for-loop path)."""
+    import importlib
+
+    functional = importlib.import_module(f"torch.optim.{kind}")
+    ps = [p.detach().clone() for p in args["params"]]
+    with torch.no_grad():
+        if kind == "sgd":
+            bufs = [None] * len(ps) if args.get("first_step") else [b.clone() for b in
+                                                                   args["momentum_buffers"]]
+            functional.sgd(ps, list(args["grads"]), bufs, foreach=False,
+                                weight_decay=0.0, momentum=args["momentum"], lr=args["lr"],
+                                dampening=0.0, nesterov=False, maximize=False)
+        else:
+            steps = [torch.tensor(float(args["step"] - 1)) for _ in ps]
+            functional.adam(ps, list(args["grads"]), [m.clone() for m in args["exp_avgs"]],
+                                  [v.clone() for v in args["exp_avg_sqs"]], [], steps,
+                                  foreach=False, amsgrad=False, beta1=0.9, beta2=0.999,
+                                  lr=args["lr"], weight_decay=0.0, eps=1e-8, maximize=False)
+    return ps
+
+
+@pytest.mark.parametrize("kind, over, exc, match",
+                         [("sgd", *row[1:]) for row in SGD_STEP_BAD]
+                         + [("adam", *row[1:]) for row in ADAM_STEP_BAD],
+                         ids=[f"sgd_step_: {r[0]}" for r in SGD_STEP_BAD]
+                         + [f"adam_step_: {r[0]}" for r in ADAM_STEP_BAD])
+def test_step_functions_bad_input_table(kind, over, exc, match):
+    args = (_sgd_args if kind == "sgd" else _adam_args)(**over)
+    fn = sgd_step_ if kind == "sgd" else adam_step_
+    params = args["params"]
+    before = [p.detach().clone() for p in params] if isinstance(params, list) else None
+    if exc is not None:
+        with pytest.raises(exc, match=match):
+            fn(**args)
+        if before is not None:  # refused before anything ran
+            assert all(torch.equal(p.detach(), b) for p, b in zip(params, before, strict=True))
+        return
+    want = _torch_functional(kind, args)
+    with np.errstate(invalid="ignore"):  # inf - inf in the interpreter's NumPy
+        fn(**args)
+    for p, w in zip(params, want, strict=True):
+        assert torch.equal(p.isnan(), w.isnan()) and torch.equal(p.isinf(), w.isinf())
+        fin = w.isfinite()
+        assert rel_err(p[fin], w[fin]) < 10 * U32
+
+
+def _w(dtype=torch.float32, shape=(4,)):
+    return [torch.nn.Parameter(torch.zeros(shape, dtype=dtype, device=DEVICE))]
+
+
+# (kind of bad input, class, keyword overrides, expected exception or None = as torch, match)
+OPTIM_BAD = [
+    ("non-finite hyperparameter: lr=nan", "SGD", dict(lr=math.nan), ValueError, "lr"),
+    ("negative lr", "SGD", dict(lr=-1.0), ValueError, "lr"),
+    ("non-finite hyperparameter: momentum=nan", "SGD", dict(momentum=math.nan), ValueError,
+     "momentum"),
+    ("non-finite hyperparameter: weight_decay=inf", "SGD", dict(weight_decay=math.inf),
+     ValueError, "weight_decay"),
+    ("non-finite hyperparameter: dampening=nan", "SGD", dict(momentum=0.9, dampening=math.nan),
+     ValueError, "dampening"),
+    ("invalid option: nesterov without momentum", "SGD", dict(nesterov=True), ValueError,
+     "(?i)nesterov"),
+    ("non-bool flag: nesterov='yes'", "SGD", dict(momentum=0.9, nesterov="yes"), TypeError,
+     "nesterov"),
+    ("non-bool flag: maximize=1", "SGD", dict(maximize=1), TypeError, "maximize"),
+    ("non-bool flag: foreach='no'", "SGD", dict(foreach="no"), TypeError, "foreach"),
+    ("Tensor lr of 2 elements", "SGD", dict(lr=torch.tensor([0.1, 0.2])), ValueError, "lr"),
+    ("wrong dtype", "SGD", dict(params=_w(torch.float64)), TypeError, "params"),
+    ("empty parameter list", "SGD", dict(params=[]), ValueError, "empty parameter list"),
+    ("params a bare tensor", "SGD", dict(params=_w()[0]), TypeError, "params"),
+    ("unsupported option: differentiable=True", "SGD", dict(differentiable=True), ValueError,
+     "differentiable"),
+    ("non-finite hyperparameter: lr=nan", "Adam", dict(lr=math.nan), ValueError, "lr"),
+    ("non-finite hyperparameter: lr=inf", "Adam", dict(lr=math.inf), ValueError, "lr"),
+    ("non-finite hyperparameter: eps=nan", "Adam", dict(eps=math.nan), ValueError, "eps"),
+    ("non-finite hyperparameter: weight_decay=nan", "Adam", dict(weight_decay=math.nan),
+     ValueError, "weight_decay"),
+    ("betas of wrong length", "Adam", dict(betas=(0.9,)), ValueError, "betas"),
+    ("non-finite hyperparameter: betas=(0.9, nan)", "Adam", dict(betas=(0.9, math.nan)),
+     ValueError, "betas"),
+    ("betas not numbers", "Adam", dict(betas=("a", "b")), TypeError, "betas"),
+    ("beta1 = 1", "Adam", dict(betas=(1.0, 0.999)), ValueError, "betas"),
+    ("non-bool flag: amsgrad='yes'", "Adam", dict(amsgrad="yes"), TypeError, "amsgrad"),
+    ("non-bool flag: decoupled_weight_decay=1", "Adam", dict(decoupled_weight_decay=1),
+     TypeError, "decoupled_weight_decay"),
+    ("unsupported option: capturable=True", "Adam", dict(capturable=True), ValueError,
+     "capturable"),
+    ("wrong dtype", "Adam", dict(params=_w(torch.float16)), TypeError, "params"),
+    ("empty parameter list", "Adam", dict(params=[]), ValueError, "empty parameter list"),
+    ("non-finite hyperparameter: lr=nan", "AdamW", dict(lr=math.nan), ValueError, "lr"),
+    ("non-finite hyperparameter: eps=nan", "AdamW", dict(eps=math.nan), ValueError, "eps"),
+    ("non-finite hyperparameter: weight_decay=nan", "AdamW", dict(weight_decay=math.nan),
+     ValueError, "weight_decay"),
+    ("betas of wrong length", "AdamW", dict(betas=(0.9, 0.99, 0.9)), ValueError, "betas"),
+    ("negative eps", "AdamW", dict(eps=-1e-8), ValueError, "eps"),
+    ("non-bool flag: maximize='no'", "AdamW", dict(maximize="no"), TypeError, "maximize"),
+    ("Tensor lr of 2 elements", "AdamW", dict(lr=torch.tensor([0.1, 0.2])), ValueError, "lr"),
+    ("wrong dtype", "AdamW", dict(params=_w(torch.float64)), TypeError, "params"),
+    ("unsupported option: differentiable=True", "AdamW", dict(differentiable=True), ValueError,
+     "differentiable"),
+    ("params a bare tensor", "AdamW", dict(params=_w()[0]), TypeError, "params"),
+]
+_CLASSES = {"SGD": SGD, "Adam": Adam, "AdamW": AdamW}
+
+
+@pytest.mark.parametrize("cls, over, exc, match", [row[1:] for row in OPTIM_BAD],
+                         ids=[f"{r[1]}: {r[0]}" for r in OPTIM_BAD])
+def test_optimizers_bad_input_table(cls, over, exc, match):
+    """Refused at construction, as torch.optim refuses its own bad hyperparameters (and more)."""
+    kwargs = dict(params=_w(), lr=0.1, config=CFG)
+    kwargs.update(over)
+    params = kwargs.pop("params")
+    with pytest.raises(exc, match=match):
+        _CLASSES[cls](params, **kwargs)
+
+
+@pytest.mark.parametrize("cls", ["SGD", "Adam", "AdamW"])
+@pytest.mark.parametrize("kind", ["0-d parameter", "NaN/inf gradient", "empty parameter",
+                                  "sparse gradient"])
+def test_optimizers_bad_input_at_step(cls, kind):
+    """What only a step can see: handled as torch.optim handles it, or refused by name."""
+    shape = () if kind == "0-d parameter" else (0,) if kind == "empty parameter" else (4,)
+    ours = _w(shape=shape)
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    if kind == "sparse gradient":
+        ours[0].grad = _sparse()
+        with pytest.raises(TypeError, match="(?i)sparse"):
+            _CLASSES[cls](ours, lr=0.1, config=CFG).step()
+        return
+    g = (torch.tensor([1.0, math.nan, math.inf, -math.inf], device=DEVICE)
+         if kind == "NaN/inf gradient" else torch.ones(shape, device=DEVICE))
+    ours[0].grad, theirs[0].grad = g, g.clone()
+    kw = dict(lr=0.1, momentum=0.9) if cls == "SGD" else dict(lr=0.1)
+    with np.errstate(invalid="ignore"):
+        _CLASSES[cls](ours, **kw, config=CFG).step()
+    getattr(torch.optim, cls)(theirs, **kw).step()
+    p, q = ours[0].detach(), theirs[0].detach()
+    assert p.shape == q.shape
+    assert torch.equal(p.isnan(), q.isnan()) and torch.equal(p.isinf(), q.isinf())
+    assert rel_err(p[q.isfinite()], q[q.isfinite()]) < 10 * U32
+
+
+# ---------------------------------------------------------------- custom operators
+
+
+def _op_inputs(kind, seed=0):
+    """Tiny inputs for one op call: two tensors (one leaves a masked tail), fresh state."""
+    ps, gs = _params(shapes=[(CFG.kwargs["BLOCK"] + 3,), (2, 3)], seed=seed), _params(
+        shapes=[(CFG.kwargs["BLOCK"] + 3,), (2, 3)], seed=seed + 1)
+    states = [[torch.rand(p.shape, device=DEVICE) for p in ps] for _ in range(3)]
+    if kind == "sgd":
+        return (ps, gs, states[0], 0.1, 0.9, 0.1, 0.01, True, False, False)
+    return (ps, gs, states[0], states[1], states[2], 3, 0.01, 0.9, 0.99, 1e-8, 0.1, True, True,
+            False)
+
+
+def _cfg_ints():
+    return (CFG.kwargs["BLOCK"], CFG.kwargs["ITERS"], CFG.num_warps)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_opcheck(kind):
+    op = torch.ops.kernelnotes.sgd_step_ if kind == "sgd" else torch.ops.kernelnotes.adam_step_
+    torch.library.opcheck(op, (*_op_inputs(kind), *_cfg_ints()))
+
+
+def _call(kind, ps, gs, states, step=3):
+    """A function a user would write: the public step (which calls the op), then a loss."""
+    if kind == "sgd":
+        sgd_step_(ps, gs, states[0], lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01,
+                  nesterov=False, config=CFG)
+    else:
+        adam_step_(ps, gs, states[0], states[1], states[2], step=step, lr=0.01, beta2=0.99,
+                   weight_decay=0.1, decoupled_weight_decay=True, amsgrad=True, config=CFG)
+    return sum(p.float().square().sum() for p in ps)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_compiled_function_calling_the_step_gives_eagers_result(kind):
+    """torch.compile(fullgraph=True) of a function that calls the public step: aot_eager on
+    the CPU (inductor on the GPU, below), two calls (the second with a new step count for
+    Adam), the same parameters, state and loss as eager, bit for bit."""
+    args = _op_inputs(kind)
+    ps, gs, states = args[0], args[1], [list(t) for t in args[2:5] if isinstance(t, list)]
+    eager = ([p.clone() for p in ps], [[t.clone() for t in s] for s in states])
+    comp = ([p.clone() for p in ps], [[t.clone() for t in s] for s in states])
+    backend = "inductor" if ON_GPU else "aot_eager"
+    f = torch.compile(_call, fullgraph=True, backend=backend)
+    for step in (3, 4):
+        want = _call(kind, eager[0], gs, eager[1], step)
+        got = f(kind, comp[0], gs, comp[1], step)
+        assert torch.equal(got, want)
+    for a, b in zip(eager[0] + sum(eager[1], []), comp[0] + sum(comp[1], []), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_gpu_compiled_step_with_inductor(kind):
+    test_compiled_function_calling_the_step_gives_eagers_result(kind)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_steps_run_under_fake_tensors(kind):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        ps = [torch.empty(300, device=DEVICE), torch.empty(2, 3, device=DEVICE,
+                                                           dtype=torch.float32)]
+        gs = [torch.empty_like(p) for p in ps]
+        st = [[torch.empty_like(p) for p in ps] for _ in range(3)]
+        _call(kind, ps, gs, st)
+        assert [tuple(p.shape) for p in ps] == [(300,), (2, 3)]
+        with pytest.raises(TypeError, match=r"grads\[1\]"):  # checks run on fake tensors too
+            _call(kind, ps, [gs[0], gs[1].double()], st)
+
+
+def test_step_functions_refuse_grad_but_run_under_no_grad():
+    """No backward: a parameter that requires grad is refused in grad mode (never a silent
+    in-place write behind autograd), and stepped under no_grad, as torch.optim does."""
+    w = torch.nn.Parameter(torch.ones(4, device=DEVICE))
+    with pytest.raises(RuntimeError, match=r"sgd_step_: params\[0\] requires grad"):
+        sgd_step_([w], [torch.ones(4, device=DEVICE)], lr=0.5, config=CFG)
+    with torch.no_grad():
+        sgd_step_([w], [torch.ones(4, device=DEVICE)], lr=0.5, config=CFG)
+    assert torch.equal(w.detach(), torch.full((4,), 0.5, device=DEVICE))
+
+
+# ---------------------------------------------------------------- torch.optim's conventions
+
+
+@pytest.mark.parametrize("ours_cls, torch_cls, kwargs", [
+    (SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+    (Adam, torch.optim.Adam, dict(lr=0.1, amsgrad=True)),
+    (AdamW, torch.optim.AdamW, dict(lr=0.1)),
+])
+def test_param_groups_and_state_dicts_behave_as_torchs(ours_cls, torch_cls, kwargs):
+    """Same param-group keys and values; add_param_group with its own hyperparameters;
+    changing lr, betas or weight decay mid-run; state dicts loaded either way (including
+    through a pickle); the same parameters as torch.optim all along."""
+    import io
+
+    ps, qs = _params(shapes=[(20,)]), _params(shapes=[(20,)])
+    ours, ref = ours_cls(ps, **kwargs, config=CFG), torch_cls(qs, **kwargs)
+    strip = lambda sd: [{k: v for k, v in g.items()} for g in sd["param_groups"]]  # noqa: E731
+    assert strip(ours.state_dict()) == strip(ref.state_dict())
+    extra = {"lr": 0.05, "weight_decay": 0.01}
+    more_p, more_q = _params(shapes=[(3, 5)], seed=3), _params(shapes=[(3, 5)], seed=3)
+    ours.add_param_group({"params": more_p, **extra})
+    ref.add_param_group({"params": more_q, **extra})
+    with pytest.raises(ValueError, match="lr"):  # a group's own hyperparameters are checked
+        ours.add_param_group({"params": _params(shapes=[(2,)]), "lr": math.nan})
+    assert len(ours.param_groups) == 2
+    gen = torch.Generator().manual_seed(5)
+    for k in range(6):
+        for p, q in zip(ps + more_p, qs + more_q, strict=True):
+            g = torch.randn(p.shape, generator=gen).to(DEVICE)
+            p.grad, q.grad = g, g.clone()
+        if k == 2:  # hyperparameters changed by hand, as a scheduler or a user does
+            for opt in (ours, ref):
+                opt.param_groups[0]["lr"] *= 0.5
+                opt.param_groups[1]["weight_decay"] = 0.0
+                if "betas" in opt.param_groups[0]:
+                    opt.param_groups[0]["betas"] = (0.8, 0.99)
+        if k == 4:  # a round trip through torch.save, torch's state into ours and back
+            buf = io.BytesIO()
+            torch.save(ref.state_dict(), buf)
+            buf.seek(0)
+            ours.load_state_dict(torch.load(buf))
+            ref.load_state_dict(copy.deepcopy(ours.state_dict()))
+        ours.step()
+        ref.step()
+    assert strip(ours.state_dict()) == strip(ref.state_dict())
+    sd_o, sd_r = ours.state_dict()["state"], ref.state_dict()["state"]
+    assert sd_o.keys() == sd_r.keys()
+    for i in sd_r:
+        assert sd_o[i].keys() == sd_r[i].keys()
+        for key in sd_r[i]:
+            assert sd_o[i][key].dtype == sd_r[i][key].dtype
+            assert sd_o[i][key].shape == sd_r[i][key].shape
+    assert rel_err(_flat(ps + more_p), _flat(qs + more_q)) < 10 * U32 * math.sqrt(6)
+
+
+@pytest.mark.parametrize("cls", [SGD, AdamW])
+def test_an_optimizer_survives_deepcopy_and_an_old_state_dict(cls):
+    """config travels through a pickle (torch's __getstate__ keeps only three keys), and a
+    state dict whose groups lack the newer flags loads, as torch's __setstate__ allows."""
+    w = torch.nn.Parameter(torch.zeros(4, device=DEVICE))
+    opt = cls([w], lr=0.1, config=CFG)
+    w.grad = torch.ones_like(w)
+    opt.step()
+    twin = copy.deepcopy(opt)
+    assert twin.config.kwargs == CFG.kwargs
+    w2 = twin.param_groups[0]["params"][0]
+    w2.grad = torch.ones_like(w2)
+    twin.step()
+    sd = opt.state_dict()
+    for g in sd["param_groups"]:
+        g.pop("maximize"), g.pop("foreach"), g.pop("fused")
+    opt.load_state_dict(sd)
+    assert opt.param_groups[0]["maximize"] is False and opt.param_groups[0]["fused"] is None
+    opt.step()
+    assert torch.equal(w, twin.param_groups[0]["params"][0])

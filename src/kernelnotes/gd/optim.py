@@ -9,12 +9,24 @@ torch.optim, which keeps the state in the parameter's dtype).
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
+from collections.abc import Callable, Iterable
 from itertools import compress
+from typing import Any
 
 import torch
+from torch import Tensor
 
-from kernelnotes.gd.kernel import STATE_DTYPE, adam_launch, adam_plan, sgd_launch, sgd_plan
+from kernelnotes.gd.kernel import (
+    PARAM_DTYPES,
+    STATE_DTYPE,
+    _adam_launch,
+    _adam_plan,
+    _sgd_launch,
+    _sgd_plan,
+)
 
 _grad = operator.attrgetter("grad")
 _ptr = torch.Tensor.data_ptr
@@ -25,20 +37,85 @@ def _float(x) -> float:
     return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
 
 
+def _number(name: str, value, what: str) -> float:
+    """``value`` (a real number or a 1-element tensor, as torch.optim takes lr and betas) as a
+    float; a ``TypeError`` naming ``name`` for anything else."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"Invalid {what}: {name} as a Tensor must have 1 element, got "
+                             f"{value.numel()}")
+        return float(value.item())
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"Invalid {what}: {name} must be a real number, got "
+                        f"{type(value).__name__}")
+    return float(value)
+
+
+def _check_range(name: str, value, what: str, upper: float = math.inf,
+                 closed: bool = False) -> None:
+    """torch.optim's ``Invalid <what>: <value>`` check, made finite: ``0 <= value < upper``
+    (``<= upper`` when ``closed``); NaN and infinity fail."""
+    x = _number(name, value, what)
+    if upper == math.inf:
+        ok, rule = 0.0 <= x < math.inf, "finite and >= 0"
+    elif closed:
+        ok, rule = 0.0 <= x <= upper, f"in [0, {upper:g}]"
+    else:
+        ok, rule = 0.0 <= x < upper, f"in [0, {upper:g})"
+    if not ok:
+        raise ValueError(f"Invalid {what}: {name}={value!r} (must be {rule})")
+
+
+def _check_bools(**flags) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def _check_optional_bools(**flags) -> None:
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be None or a bool, got {value!r}")
+
+
+def _check_betas(betas) -> None:
+    if isinstance(betas, (str, bytes)) or not isinstance(betas, (tuple, list)):
+        raise TypeError(f"betas must be a pair (beta1, beta2), got {type(betas).__name__}")
+    if len(betas) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {len(betas)} values: "
+                         f"{tuple(betas)!r}")
+    for i, beta in enumerate(betas):
+        _check_range(f"betas[{i}]", beta, f"beta parameter at index {i}", upper=1.0)
+
+
+def _check_params(name: str, params: Iterable) -> None:
+    """Parameters the fused kernels can update: float32 or bfloat16, dense and contiguous."""
+    for i, p in enumerate(params):
+        if p.dtype not in PARAM_DTYPES:
+            raise TypeError(f"{name}: params[{i}] has dtype {str(p.dtype).removeprefix('torch.')}"
+                            "; the fused steps take float32 or bfloat16 parameters")
+        if p.layout != torch.strided or not p.is_contiguous():
+            raise ValueError(f"{name}: params[{i}] must be a dense contiguous tensor "
+                             f"(shape {tuple(p.shape)}, strides {p.stride()})")
+
+
+def _refuse(name: str, differentiable: bool, capturable: bool = False, foreach=None,
+            fused=None) -> None:
+    if differentiable:
+        raise ValueError(f"{name}: differentiable=True is not supported (the fused step is not "
+                         "differentiable); use torch.optim")
+    if capturable:
+        raise ValueError(f"{name}: capturable=True is not supported; use torch.optim")
+    if fused and foreach:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")  # torch's words
+
+
 def _closure_loss(closure):
     """The loss the optional closure of step() returns, evaluated with autograd on."""
     if closure is None:
         return None
     with torch.enable_grad():
         return closure()
-
-
-def _refuse(name: str, differentiable: bool, capturable: bool = False) -> None:
-    if differentiable:
-        raise ValueError(f"{name}: differentiable=True is not supported (the fused step is not "
-                         "differentiable); use torch.optim")
-    if capturable:
-        raise ValueError(f"{name}: capturable=True is not supported; use torch.optim")
 
 
 def _dense_grad(p: torch.Tensor, name: str) -> torch.Tensor:
@@ -96,8 +173,38 @@ class _Plan:
                 and tuple(map(_ptr, self.members)) == self.param_ptrs)
 
 
-class _Cached:
-    """The per-group plan cache of an optimizer (dropped whole when its state dict is replaced)."""
+class _Fused(torch.optim.Optimizer):
+    """What SGD and Adam share: hyperparameters checked whenever a param group is added, the
+    launch ``config`` kept across pickling, and the per-group plan cache (dropped whole when the
+    state dict is replaced)."""
+
+    config: Any  # a triton.Config, or None to tune on the GPU
+    _FLAG_DEFAULTS: dict = {}  # group keys an older state dict may lack, as torch's __setstate__
+
+    def _check_group(self, group: dict) -> None:  # overridden: the hyperparameters of a group
+        raise NotImplementedError
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``, after checking the group's own hyperparameters and that
+        its parameters are float32 or bfloat16, dense and contiguous."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            self._check_group(group)
+            _check_params(type(self).__name__, group["params"])
+        except Exception:
+            self.param_groups.pop()
+            raise
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "config": self.__dict__.get("config")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("config", None)
+        for group in self.param_groups:
+            for key, value in self._FLAG_DEFAULTS.items():
+                group.setdefault(key, value)
 
     def _plan_for(self, group, params, key, grads):
         plans = self.__dict__.setdefault("_plans", {})
@@ -115,51 +222,107 @@ class _Cached:
             self._plans[id(group)] = plan
 
 
-class SGD(_Cached, torch.optim.Optimizer):
-    """torch.optim.SGD (momentum, dampening, Nesterov, weight decay, maximize), fused in Triton.
+def _lr(group: dict) -> float:
+    """The group's learning rate as a float: a scheduler may have set it since construction."""
+    lr = _float(group["lr"])
+    if not 0.0 <= lr < math.inf:
+        raise ValueError(f"Invalid learning rate: lr={group['lr']!r} in a param group (must be "
+                         "finite and >= 0)")
+    return lr
 
-    Same arguments and state as torch.optim.SGD; ``foreach`` and ``fused`` are accepted and
-    ignored (every step is one fused launch per group and dtype). ``config`` (keyword only) is a
-    ``triton.Config`` for the kernel; None picks one by timing on the GPU.
+
+class SGD(_Fused):
+    """``torch.optim.SGD`` (momentum, dampening, Nesterov, weight decay, maximize), fused in
+    Triton: each ``step()`` is one launch per param group and dtype.
+
+    Same arguments, defaults, param groups and state (``momentum_buffer``, float32) as
+    ``torch.optim.SGD``, so the two load each other's state dicts. ``foreach`` and ``fused``
+    are accepted and ignored. ``step()`` runs under ``torch.no_grad()``, as torch's.
+
+    Args:
+        params: an iterable of parameters or of param-group dicts, as for torch.optim. The
+            parameters must be float32 or bfloat16, dense and contiguous, on one CUDA device
+            (CPU under the Triton interpreter).
+        lr: learning rate, a float or a 1-element tensor, finite and >= 0.
+        momentum: finite and >= 0.
+        dampening: in [0, 1].
+        weight_decay: L2 penalty, finite and >= 0.
+        nesterov: Nesterov momentum (needs momentum > 0 and dampening 0).
+        maximize: step up the gradient.
+        foreach: None or a bool (ignored).
+        differentiable: must be False.
+        fused: None or a bool (ignored).
+        config: a ``triton.Config`` (BLOCK, ITERS, num_warps) for the kernel; None picks one by
+            timing on the GPU.
+
+    Raises:
+        TypeError: a hyperparameter that is not a real number (or 1-element tensor), a flag
+            that is not a bool, a parameter that is not float32/bfloat16; at ``step()``, a
+            sparse gradient or one of another dtype.
+        ValueError: a hyperparameter out of range or not finite, Nesterov without momentum or
+            with dampening, ``differentiable=True``, a non-contiguous parameter, an empty
+            parameter list; at ``step()``, a parameter on a device the kernels can't use.
+        RuntimeError: ``fused=True`` together with ``foreach=True``, as torch.
     """
 
-    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
-                 *, maximize=False, foreach=None, differentiable=False, fused=None, config=None):
-        if _float(lr) < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if _float(weight_decay) < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        _refuse("SGD", differentiable)
+    _FLAG_DEFAULTS = dict(nesterov=False, maximize=False, foreach=None, differentiable=False,
+                          fused=None)
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]],
+                 lr: float | Tensor = 1e-3, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float | Tensor = 0, nesterov: bool = False, *,
+                 maximize: bool = False, foreach: bool | None = None,
+                 differentiable: bool = False, fused: bool | None = None,
+                 config: Any = None) -> None:
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, maximize=maximize, foreach=foreach,
                         differentiable=differentiable, fused=fused)
-        super().__init__(params, defaults)
+        self._check_group(defaults)
         self.config = config
+        super().__init__(params, defaults)
+
+    def _check_group(self, group: dict) -> None:
+        _check_range("lr", group["lr"], "learning rate")
+        _check_range("momentum", group["momentum"], "momentum value")
+        _check_range("dampening", group["dampening"], "dampening value", upper=1.0, closed=True)
+        _check_range("weight_decay", group["weight_decay"], "weight_decay value")
+        _check_bools(nesterov=group["nesterov"], maximize=group["maximize"],
+                     differentiable=group["differentiable"])
+        _check_optional_bools(foreach=group["foreach"], fused=group["fused"])
+        if group["nesterov"] and (_float(group["momentum"]) <= 0
+                                  or _float(group["dampening"]) != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening "
+                             "(nesterov=True)")
+        _refuse("SGD", group["differentiable"], foreach=group["foreach"], fused=group["fused"])
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One fused SGD step on every parameter that has a gradient.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (run with grad enabled).
+
+        Returns:
+            The closure's loss, or None.
+        """
         loss = _closure_loss(closure)
         for group in self.param_groups:
             params = group["params"]
             grads = list(map(_grad, params))
-            momentum, weight_decay = group["momentum"], _float(group["weight_decay"])
+            momentum, weight_decay = _float(group["momentum"]), _float(group["weight_decay"])
             key = (momentum != 0, group["nesterov"], weight_decay != 0, group["maximize"],
                    self.config)
             plan = self._plan_for(group, params, key, grads) or self._build(group, params, key,
                                                                             grads)
-            lr, dampening = _float(group["lr"]), group["dampening"]
+            lr, dampening = _lr(group), _float(group["dampening"])
             for launch, first in plan.launches:
-                sgd_launch(launch, lr, momentum, dampening, weight_decay, first)
+                _sgd_launch(launch, lr, momentum, dampening, weight_decay, first)
         return loss
 
     def _build(self, group, params, key, grads) -> _Plan:
         """Every check, state created where missing, the launches planned (and cached unless
         this step creates momentum buffers or had to copy a non-contiguous gradient)."""
-        momentum = group["momentum"]
+        momentum = _float(group["momentum"])
         cacheable = True
         batches: dict = {}  # (dtype, device, first step?) -> (params, grads, buffers)
         for p, grad in zip(params, grads, strict=True):
@@ -178,9 +341,10 @@ class SGD(_Cached, torch.optim.Optimizer):
             lists[2].append(buf)
         launches, keep = [], []
         for (_, _, first), (ps, gs, bufs) in batches.items():
-            launches.append((sgd_plan(ps, gs, bufs if momentum != 0 else None, momentum=momentum,
-                                      weight_decay=key[2], nesterov=key[1], maximize=key[3],
-                                      config=self.config), first))
+            launches.append((_sgd_plan(ps, gs, bufs if momentum != 0 else None,
+                                       momentum=momentum,
+                                       weight_decay=key[2], nesterov=key[1],
+                                       maximize=key[3], config=self.config), first))
             keep.append(bufs)
             cacheable &= not first
         plan = _Plan(group, self.state, params, key, grads, launches, keep)
@@ -188,33 +352,68 @@ class SGD(_Cached, torch.optim.Optimizer):
         return plan
 
 
-class Adam(_Cached, torch.optim.Optimizer):
-    """torch.optim.Adam (bias correction, amsgrad, L2 or decoupled weight decay), fused in Triton.
+class Adam(_Fused):
+    """``torch.optim.Adam`` (bias correction, amsgrad, L2 or decoupled weight decay), fused in
+    Triton: each ``step()`` is one launch per param group, dtype and step count.
 
-    Same arguments and state as torch.optim.Adam; ``foreach`` and ``fused`` are accepted and
-    ignored; ``capturable`` and ``differentiable`` must be False. ``config`` as in :class:`SGD`.
+    Same arguments, defaults, param groups and state names (``step``, ``exp_avg``,
+    ``exp_avg_sq``, ``max_exp_avg_sq``) as ``torch.optim.Adam``; the moments are float32 even
+    for bfloat16 parameters. ``foreach`` and ``fused`` are accepted and ignored. ``step()`` runs
+    under ``torch.no_grad()``, as torch's.
+
+    Args:
+        params: an iterable of parameters or of param-group dicts, as for torch.optim; float32
+            or bfloat16, dense and contiguous, on one CUDA device (CPU under the interpreter).
+        lr: learning rate, a float or a 1-element tensor, finite and >= 0.
+        betas: a pair (beta1, beta2), each a float or 1-element tensor in [0, 1).
+        eps: finite and >= 0.
+        weight_decay: finite and >= 0.
+        amsgrad: divide by the running maximum of the second moment.
+        foreach: None or a bool (ignored).
+        maximize: step up the gradient.
+        capturable: must be False.
+        differentiable: must be False.
+        fused: None or a bool (ignored).
+        decoupled_weight_decay: AdamW's decay, ``p *= 1 - lr * weight_decay``.
+        config: as in :class:`SGD`.
+
+    Raises:
+        TypeError: as :class:`SGD`, and betas that are not a pair of numbers.
+        ValueError: as :class:`SGD`, betas of another length or outside [0, 1), a non-finite
+            or negative eps, ``capturable=True``.
+        RuntimeError: ``fused=True`` together with ``foreach=True``, as torch.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                 amsgrad=False, *, foreach=None, maximize=False, capturable=False,
-                 differentiable=False, fused=None, decoupled_weight_decay=False, config=None):
-        if _float(lr) < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if eps < 0.0:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        for i, beta in enumerate(betas):
-            if not 0.0 <= _float(beta) < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        _refuse(type(self).__name__, differentiable, capturable)
+    _FLAG_DEFAULTS = dict(amsgrad=False, maximize=False, foreach=None, capturable=False,
+                          differentiable=False, fused=None, decoupled_weight_decay=False)
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]],
+                 lr: float | Tensor = 1e-3,
+                 betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, amsgrad: bool = False, *,
+                 foreach: bool | None = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, fused: bool | None = None,
+                 decoupled_weight_decay: bool = False, config: Any = None) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=foreach, capturable=capturable,
                         differentiable=differentiable, fused=fused,
                         decoupled_weight_decay=decoupled_weight_decay)
-        super().__init__(params, defaults)
+        self._check_group(defaults)
         self.config = config
         self._counters: dict = {}  # id(param group) -> float32 [len(params)] step counters
+        super().__init__(params, defaults)
+
+    def _check_group(self, group: dict) -> None:
+        _check_range("lr", group["lr"], "learning rate")
+        _check_range("eps", group["eps"], "epsilon value")
+        _check_betas(group["betas"])
+        _check_range("weight_decay", group["weight_decay"], "weight_decay value")
+        _check_bools(amsgrad=group["amsgrad"], maximize=group["maximize"],
+                     capturable=group["capturable"], differentiable=group["differentiable"],
+                     decoupled_weight_decay=group["decoupled_weight_decay"])
+        _check_optional_bools(foreach=group["foreach"], fused=group["fused"])
+        _refuse(type(self).__name__, group["differentiable"], group["capturable"],
+                group["foreach"], group["fused"])
 
     def _steps(self, group: dict, index: list[int], states: list[dict]) -> torch.Tensor:
         """The group's float32 step counter, with each listed state's ``step`` a view of it.
@@ -236,12 +435,20 @@ class Adam(_Cached, torch.optim.Optimizer):
         return counter
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One fused Adam step on every parameter that has a gradient.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (run with grad enabled).
+
+        Returns:
+            The closure's loss, or None.
+        """
         loss = _closure_loss(closure)
         for group in self.param_groups:
             params = group["params"]
             grads = list(map(_grad, params))
-            weight_decay = group["weight_decay"]
+            weight_decay = _float(group["weight_decay"])
             key = (group["amsgrad"], weight_decay != 0, group["decoupled_weight_decay"],
                    group["maximize"], self.config)
             plan = self._plan_for(group, params, key, grads)
@@ -258,9 +465,10 @@ class Adam(_Cached, torch.optim.Optimizer):
                 counter[plan.idx] += 1
             plan.expect.copy_(counter)
             ks = counter.tolist()
-            lr, (beta1, beta2) = _float(group["lr"]), (_float(b) for b in group["betas"])
+            lr, (beta1, beta2) = _lr(group), (_float(b) for b in group["betas"])
             for launch, rep in zip(plan.launches, plan.reps, strict=True):
-                adam_launch(launch, int(ks[rep]), lr, beta1, beta2, group["eps"], weight_decay)
+                _adam_launch(launch, int(ks[rep]), lr, beta1, beta2, _float(group["eps"]),
+                             weight_decay)
         return loss
 
     def _build(self, group, params, key, grads) -> _Plan | None:
@@ -293,9 +501,9 @@ class Adam(_Cached, torch.optim.Optimizer):
         launches, reps, keep = [], [], []
         for batch in batches.values():
             ps, gs, ms, vs, vmaxs = (list(col) for col in zip(*(m for _, m in batch), strict=True))
-            launches.append(adam_plan(ps, gs, ms, vs, vmaxs if amsgrad else None,
-                                      weight_decay=key[1], decoupled=key[2], amsgrad=amsgrad,
-                                      maximize=key[3], config=self.config))
+            launches.append(_adam_plan(ps, gs, ms, vs, vmaxs if amsgrad else None,
+                                       weight_decay=key[1], decoupled_weight_decay=key[2],
+                                       amsgrad=amsgrad, maximize=key[3], config=self.config))
             reps.append(batch[0][0])
             keep.append((ms, vs, vmaxs))
         plan = _Plan(group, self.state, params, key, grads, launches, keep)
@@ -307,11 +515,19 @@ class Adam(_Cached, torch.optim.Optimizer):
 
 
 class AdamW(Adam):
-    """torch.optim.AdamW: Adam with decoupled weight decay (default 1e-2), fused in Triton."""
+    """``torch.optim.AdamW``: :class:`Adam` with decoupled weight decay (default 1e-2).
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
-                 differentiable=False, fused=None, config=None):
+    Same arguments, defaults, checks and state as :class:`Adam` (its param groups carry
+    ``decoupled_weight_decay=True``, as torch's AdamW's do).
+    """
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]],
+                 lr: float | Tensor = 1e-3,
+                 betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, capturable: bool = False,
+                 differentiable: bool = False, fused: bool | None = None,
+                 config: Any = None) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                          maximize=maximize, capturable=capturable, differentiable=differentiable,
                          fused=fused, decoupled_weight_decay=True, config=config)

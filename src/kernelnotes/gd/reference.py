@@ -130,13 +130,14 @@ def sgd_update(theta, g, buf, *, lr, momentum=0.0, dampening=0.0, weight_decay=0
 
 # --8<-- [start:adam_update]
 def adam_update(theta, g, m, v, k: int, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
-                weight_decay=0.0, decoupled=False, amsgrad=False, vmax=None, maximize=False):
+                weight_decay=0.0, decoupled_weight_decay=False, amsgrad=False, vmax=None,
+                maximize=False):
     """Step k (from 1) of Adam (Kingma & Ba 2015, Alg. 1) / AdamW (Loshchilov & Hutter 2019).
 
     eps is added to sqrt(v_hat), as torch.optim does. Returns (theta, m, v, vmax).
     """
     g = -g if maximize else g
-    if weight_decay and decoupled:
+    if weight_decay and decoupled_weight_decay:
         theta = theta * (1 - lr * weight_decay)  # AdamW: shrink theta directly
     elif weight_decay:
         g = g + weight_decay * theta  # Adam: L2 penalty inside the moments
@@ -153,7 +154,7 @@ def adam_update(theta, g, m, v, k: int, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=
 
 
 def adam(grad, theta0, n_steps: int, **hyper) -> np.ndarray:
-    """Adam (or AdamW with decoupled=True) from theta0; returns [n_steps+1, d]."""
+    """Adam (or AdamW with decoupled_weight_decay=True) from theta0; returns [n_steps+1, d]."""
     theta = np.atleast_1d(np.asarray(theta0, dtype=np.float64))
     m, v, vmax = np.zeros_like(theta), np.zeros_like(theta), np.zeros_like(theta)
     history = [theta]
