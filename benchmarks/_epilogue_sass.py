@@ -2,7 +2,7 @@
 
 At the H200's power cap a call's time is its energy divided by the cap, so an epilogue costs
 what its instructions cost to execute, whether or not they overlap the matmul. This compiles
-``kernelnotes.ffn.kernel._act`` alone, the function the matmul's epilogue inlines, for sm_90
+``kernelnotes.ffn.kernel.activation_epilogue`` alone, the function the matmul's epilogue inlines, for sm_90
 (``triton.compile``, no GPU needed) and counts the SASS instructions it adds per element over
 the identity, with the ``cuobjdump`` that ships with Triton. Imported by ``bench_ffn.run`` (and
 ``tests/test_ffn.py``, which compiles it without a GPU).
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
-from kernelnotes.ffn.kernel import ACTIVATIONS, _act
+from kernelnotes.ffn.kernel import ACTIVATIONS, activation_epilogue
 
 BLOCK, WARPS = 2048, 4  # 16 elements a thread: the per-element count is the total over 16
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -29,7 +29,7 @@ _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 @triton.jit
 def _act_only(x_ptr, y_ptr, ACT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
-    tl.store(y_ptr + offs, _act(tl.load(x_ptr + offs), ACT).to(tl.bfloat16))
+    tl.store(y_ptr + offs, activation_epilogue(tl.load(x_ptr + offs), ACT).to(tl.bfloat16))
 
 
 def _opcodes(act: int, arch: int) -> collections.Counter:

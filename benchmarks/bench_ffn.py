@@ -65,18 +65,12 @@ def _interleaved(rows: list[dict], entries: list, flops, rounds: int, **timing) 
         _record(rows, row)
 
 
-def _pingpong():
-    """kernelnotes.ffn.pingpong.linear_act_pingpong, or a stand-in that raises why it cannot run
-    (a GPU other than Hopper, or a Triton whose Gluon lacks what it needs): its rows then say so."""
-    try:
-        from kernelnotes.ffn.pingpong import linear_act_pingpong
-    except Exception as e:  # noqa: BLE001 - the other rows still stand
-        error = e
+def _with_config(config, fn, *args):
+    """fn(*args) with every kernel on config (None: the ops' own choice)."""
+    from kernelnotes.ffn import kernel as k
 
-        def linear_act_pingpong(*args):
-            raise error
-
-    return linear_act_pingpong
+    with k.use_config(config):
+        return fn(*args)
 
 
 def run(quick: bool) -> list[dict]:
@@ -87,8 +81,6 @@ def run(quick: bool) -> list[dict]:
     from benchmarks import _harness
     from kernelnotes.ffn import kernel as k
     from kernelnotes.ffn.figures import CUBLAS, ENERGY, SUSTAINED, TRAINING
-
-    pingpong = _pingpong()
 
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -129,12 +121,12 @@ def run(quick: bool) -> list[dict]:
         (dict(op="forward", impl="torch eager F.gelu(F.linear)", **shape),
          lambda: F.gelu(F.linear(x, W, b)), None),
         (dict(op="forward", impl="triton linear_act gelu", config=str(default), **shape),
-         lambda: k.linear_act_forward(x, W, b, "gelu", config=cfg)[0], vs_eager),
+         lambda: k._linear_act_forward(x, W, b, "gelu", config=cfg)[0], vs_eager),
     ]
     for flat, c in tma.items():
         name = "triton linear_act gelu [TMA" + (", FLATTEN]" if flat else "]")
         fwd.append((dict(op="forward", impl=name, config=str(c), **shape),
-                    lambda c=c: k.linear_act_forward(x, W, b, "gelu", config=c)[0], vs_eager))
+                    lambda c=c: k._linear_act_forward(x, W, b, "gelu", config=c)[0], vs_eager))
     _interleaved(rows, fwd, flops, rounds)
 
     # Probes, timed in interleaved rounds so that clock drift falls on all alike. Rounds: the
@@ -154,20 +146,15 @@ def run(quick: bool) -> list[dict]:
             probe.append((at(CUBLAS, m),
                           lambda xm=xm: F.linear(xm, W, b), None))
             probe.append((at("triton linear_act gelu", m),
-                          lambda xm=xm: k.linear_act_forward(xm, W, b, "gelu")[0], None))
+                          lambda xm=xm: k._linear_act_forward(xm, W, b, "gelu")[0], None))
         probe.append((at("triton linear_act none", M),
-                      lambda: k.linear_act_forward(x, W, b, "none")[0], None))
+                      lambda: k._linear_act_forward(x, W, b, "none")[0], None))
         # the default kernel with its output stored from registers by pointers, as before the
         # TMA store (kernel._store_tma): what the store path is worth, in the same rounds
         ptr_store = triton.Config({**default.kwargs, "TMA_STORE": False},
                                   num_warps=default.num_warps, num_stages=default.num_stages)
         probe.append((at("triton linear_act gelu [pointer store]", M),
-                      lambda: k.linear_act_forward(x, W, b, "gelu", config=ptr_store)[0], None))
-        # the same epilogue with the ping-pong schedule (kernelnotes.ffn.pingpong, Gluon):
-        # two MMA warpgroups take turns, so that one's epilogue hides under the other's wgmmas
-        for act in ("gelu", "none"):
-            probe.append((at(f"gluon linear_act_pingpong {act}", M),
-                          lambda act=act: pingpong(x, W, b, act), None))
+                      lambda: k._linear_act_forward(x, W, b, "gelu", config=ptr_store)[0], None))
         _interleaved(rows, probe, lambda r: 2 * r["M"] * N * K, rounds=5)
         del xs_by_m, probe
 
@@ -189,9 +176,9 @@ def run(quick: bool) -> list[dict]:
             for impl, fn in (
                 (CUBLAS, lambda: F.linear(x, W, b)),
                 ("triton linear_act gelu, store_z",
-                 lambda: k.linear_act_forward(x, W, b, "gelu", store_z=True)),
+                 lambda: k._linear_act_forward(x, W, b, "gelu", store_z=True)),
                 ("triton linear_act gelu, store_z [pointer store]",
-                 lambda: k.linear_act_forward(x, W, b, "gelu", store_z=True, config=ptr_store)),
+                 lambda: k._linear_act_forward(x, W, b, "gelu", store_z=True, config=ptr_store)),
                 ("torch dY @ W2 + aten.gelu_backward",
                  lambda: torch.ops.aten.gelu_backward(dy_t @ w2_t, z_t)),
                 ("triton dZ1 (gelu' epilogue, db1)", lambda: dz1(default)),
@@ -212,7 +199,7 @@ def run(quick: bool) -> list[dict]:
         (dict(op="swiglu forward", impl="torch eager silu(x Wg^T) * (x Wu^T)", **shape),
          eager_swiglu, None),
         (dict(op="swiglu forward", impl="triton linear_swiglu", **shape),
-         lambda: k.linear_swiglu_forward(x, W)[0],
+         lambda: k._linear_swiglu_forward(x, W)[0],
          lambda h: {"relerr_vs_torch": float(f"{_rel_err(h, h_ref):.2e}")}),
     ], flops, rounds)
 
@@ -247,7 +234,7 @@ def run(quick: bool) -> list[dict]:
     # config=None takes TMA_CONFIG at this size on Hopper (the row records `default`)
     block.append((dict(op="ffn fwd+bwd", impl="triton FFNFunction (gelu)", config=str(default),
                        **ffn_shape),
-                  step(lambda *p: k.ffn(*p, "gelu", config=cfg)), vs_autograd))
+                  step(lambda *p: _with_config(cfg, k.ffn, *p, "gelu")), vs_autograd))
     # a step takes ~10 ms: rounds of 300 ms give each ~30 calls (70 ms, the default, gave 7)
     _interleaved(rows, block, ffn_flops, rounds, warmup_ms=100, rep_ms=300)
     if quick:
@@ -260,9 +247,9 @@ def run(quick: bool) -> list[dict]:
         (dict(op=SUSTAINED, impl=CUBLAS, **shape),
          lambda: F.linear(x, W, b), flops),
         (dict(op=SUSTAINED, impl="triton linear_act gelu", **shape),
-         lambda: k.linear_act_forward(x, W, b, "gelu")[0], flops),
+         lambda: k._linear_act_forward(x, W, b, "gelu")[0], flops),
         (dict(op=SUSTAINED, impl="triton linear_act none", **shape),
-         lambda: k.linear_act_forward(x, W, b, "none")[0], flops),
+         lambda: k._linear_act_forward(x, W, b, "none")[0], flops),
         (dict(op=SUSTAINED, impl="torch eager autograd (ffn fwd+bwd)", **ffn_shape), block[0][1],
          ffn_flops),
         (dict(op=SUSTAINED, impl="triton FFNFunction (gelu) (ffn fwd+bwd)", **ffn_shape),
@@ -292,10 +279,8 @@ def run(quick: bool) -> list[dict]:
         instr_error = None
     energy = [(dict(op=ENERGY, impl=CUBLAS, **shape),
                lambda: F.linear(x, W, b))]
-    layers = [("triton linear_act", act, lambda act=act: k.linear_act_forward(x, W, b, act)[0])
+    layers = [("triton linear_act", act, lambda act=act: k._linear_act_forward(x, W, b, act)[0])
               for act in k.ACTIVATIONS]
-    layers += [("gluon linear_act_pingpong", act, lambda act=act: pingpong(x, W, b, act))
-               for act in ("none", "gelu")]  # the same epilogue, hidden under the wgmmas
     for kernel_name, act, fn in layers:
         row = dict(op=ENERGY, impl=f"{kernel_name} {act}", activation=act, **shape)
         if act in instr:

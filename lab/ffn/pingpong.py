@@ -1,21 +1,23 @@
 """A fused linear layer with the Hopper "ping-pong" schedule, in Gluon: a design study.
 
-``linear_act`` (kernel.py) is one ``tl`` kernel: each program multiplies a tile, then runs the
-epilogue while its tensor cores wait. CUTLASS's ping-pong schedule hides the epilogue: two groups
-of MMA warps own alternate output tiles and take turns on the tensor cores, so that one's epilogue
-runs while the other multiplies. ``tl`` cannot ask for that schedule (Triton 3.6's automatic warp
-specialization hung on the H200: docs/posts/05-feed-forward-networks.md); Gluon, Triton's
-lower-level dialect (``triton.experimental.gluon``), can say it. The epilogue is the same
-``kernel._act`` that ``linear_act`` inlines, so the two differ only in the schedule; the
-feed-forward post times both beside cuBLAS and shows why, at the H200's power cap, hiding the
-epilogue does not make the layer cheaper.
+``kernelnotes.ffn.linear_act`` is one ``tl`` kernel: each program multiplies a tile, then runs
+the epilogue while its tensor cores wait. CUTLASS's ping-pong schedule hides the epilogue: two
+groups of MMA warps own alternate output tiles and take turns on the tensor cores, so that one's
+epilogue runs while the other multiplies. ``tl`` cannot ask for that schedule (Triton 3.6's
+automatic warp specialization hung on the H200); Gluon, Triton's lower-level dialect
+(``triton.experimental.gluon``), can say it. The epilogue is the same
+``kernelnotes.ffn.kernel.activation_epilogue`` that ``linear_act`` inlines, so the two differ
+only in the schedule. lab/ffn/NOTES.md says what it measured.
 
-Needs a Hopper GPU: Gluon kernels do not run in Triton's interpreter.
+Needs a Hopper GPU: Gluon kernels do not run in Triton's interpreter. Uses the package's public
+API only.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -26,16 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernelnotes._grid import cdiv
-from kernelnotes._validate import check_hopper
-from kernelnotes.ffn.kernel import (
-    _act,
-    _act_code,
-    _check_linear,
-    _num_programs,
-    _tile_coords,
-    _tma_view,
-)
+from kernelnotes.ffn.kernel import ACTIVATIONS, activation_epilogue
 
 # Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
 # (3.9 has only the new name)
@@ -43,6 +36,34 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 BLOCK_M, BLOCK_N, BLOCK_K = 128, 128, 64  # one warpgroup's tile: 128 fp32 accumulators a thread
 STAGES = 6  # 6 x 32 KiB of operands in flight, shared by both MMA warpgroups
+
+
+@triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped ordering, as kernelnotes.ffn.kernel's: GROUP_M row-tiles share each column-tile."""
+    tiles_per_group = GROUP_M * num_pid_n
+    first_m = (tile // tiles_per_group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % tiles_per_group) % group_m
+    pid_n = (tile % tiles_per_group) // group_m
+    return pid_m, pid_n
+
+
+def _check_hopper(name, t):
+    if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+        where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} is on {where}: linear_act_pingpong needs a CUDA tensor on a "
+                         "Hopper GPU (Gluon kernels do not run in Triton's interpreter)")
+    major, minor = torch.cuda.get_device_capability(t.device)
+    if major != 9:
+        raise ValueError(f"{name} is on an sm_{major}{minor} GPU: linear_act_pingpong needs "
+                         "Hopper (sm_90), for its wgmma and TMA")
+
+
+def _tma_readable(t) -> bool:
+    """Unit stride along K, start and rows 16-byte aligned: what a TMA descriptor reads."""
+    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0)
 
 
 # --8<-- [start:pingpong_loader]
@@ -112,7 +133,7 @@ def _pingpong_mma(a_bufs, b_bufs, ready, empty, turn, y_ptr, bias_ptr, M, N, K, 
         z = acc
         if HAS_BIAS:
             z = z + bias[None, :]
-        y = _act(z, ACT)
+        y = activation_epilogue(z, ACT)
         offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         gl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
@@ -155,7 +176,7 @@ def _pingpong_kernel(a_desc, b_desc, y_ptr, bias_ptr, M, N, K, stride_ym,
 
 # --8<-- [start:pingpong_launcher]
 def linear_act_pingpong(x, weight, bias=None, activation="gelu"):
-    """``y = sigma(x W^T + b)``, as ``kernel.linear_act`` computes it, by the ping-pong kernel.
+    """``y = sigma(x W^T + b)``, as ``kernelnotes.ffn.linear_act`` computes it, by ping-pong.
 
     Args:
         x: [M, K] bfloat16 or float16 on a Hopper GPU (sm_90); unit stride along K, its start
@@ -163,7 +184,7 @@ def linear_act_pingpong(x, weight, bias=None, activation="gelu"):
             contiguous x.
         weight: [N, K] as ``nn.Linear`` stores it, x's dtype and device, the same layout rule.
         bias: [N], contiguous, or None.
-        activation: one of ``kernel.ACTIVATIONS``.
+        activation: one of ``kernelnotes.ffn.kernel.ACTIVATIONS``.
     Returns:
         y [M, N] in x's dtype.
 
@@ -171,14 +192,22 @@ def linear_act_pingpong(x, weight, bias=None, activation="gelu"):
     ``KernelTmaWarpSpecializedPingpong`` kernel schedule); its MMA is ``wgmma`` (PTX ISA,
     "Asynchronous Warpgroup Level Matrix Multiply-Accumulate").
     """
-    act = _act_code(activation)
-    check_hopper("x", x, "linear_act_pingpong", "wgmma and TMA")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    act = ACTIVATIONS.index(activation)
+    _check_hopper("x", x)
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"x has dtype {x.dtype}: linear_act_pingpong takes bfloat16 or float16")
-    _check_linear(x, weight, bias)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (t.dtype != x.dtype or t.device != x.device):
+            raise TypeError(f"{name} must have x's dtype and device, got {t.dtype} on {t.device}")
+    if x.ndim != 2 or weight.ndim != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, x {tuple(x.shape)}: "
+                         "need x [M, K] and weight [N, K]")
+    if bias is not None and (bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
+        raise ValueError(f"bias must be contiguous of shape ({weight.shape[0]},)")
     for name, t in (("x", x), ("weight", weight)):
-        view, transposed = _tma_view(t)
-        if view is None or transposed:  # the descriptors below read t as stored
+        if not _tma_readable(t):  # the descriptors below read t as stored
             raise ValueError(f"{name} has strides {tuple(t.stride())} from address "
                              f"{t.data_ptr():#x}: a TMA descriptor needs unit stride along K, "
                              "and its start and rows 16-byte aligned")
@@ -196,7 +225,8 @@ def linear_act_pingpong(x, weight, bias=None, activation="gelu"):
     b_desc = TensorDescriptor.from_tensor(
         weight, [BLOCK_N, BLOCK_K],
         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dtype))
-    programs = _num_programs(x.device, cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N))
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = max(1, min(sms, triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)))
     _pingpong_kernel[(programs,)](
         a_desc, b_desc, y, y if bias is None else bias, M, N, K, y.stride(0),
         ACT=act, HAS_BIAS=bias is not None, GROUP_M=8, NUM_SMS=programs, STAGES=STAGES,

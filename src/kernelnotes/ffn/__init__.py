@@ -1,8 +1,10 @@
 """Feed-forward networks and backprop: a NumPy reference (forward with cache, manual backward,
 gradient check) and fused Triton linear layers (matmul + bias + activation) with their backward.
 
-The Triton names (``linear_act``, ``linear_swiglu``, ``ffn``, ``FeedForward``, ...) import torch
-and triton on first use only; ``linear_act_pingpong`` is a design study in Gluon (pingpong.py).
+The Triton names (``linear_act``, ``linear_swiglu``, ``ffn``, ``FeedForward``, ``use_config``)
+import torch and triton on first use only. The ops are ``torch.library`` custom operators
+(``torch.ops.kernelnotes.linear_act`` and the rest): differentiable, and traceable by
+``torch.compile(fullgraph=True)``.
 """
 
 from kernelnotes._lazy import lazy_exports
@@ -22,13 +24,7 @@ _KERNEL_NAMES = (
     "linear_swiglu",
     "ffn",
     "FeedForward",
-    "linear_act_forward",
-    "linear_swiglu_forward",
-    "act_backward",
-    "linear_backward",
-    "LinearActFunction",
-    "SwiGLUFunction",
-    "FFNFunction",
+    "use_config",
 )
 
 __all__ = [
@@ -41,10 +37,7 @@ __all__ = [
     "swiglu_ffn_forward",
     "worked_example",
     *_KERNEL_NAMES,
-    "linear_act_pingpong",
 ]
 
 
-__getattr__ = lazy_exports(
-    __name__, {"kernel": _KERNEL_NAMES, "pingpong": ("linear_act_pingpong",)}
-)
+__getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})

@@ -17,7 +17,9 @@ config=None, for large problems on Hopper.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -111,6 +113,12 @@ def _act_grad(z, ACT: tl.constexpr):
 
 
 # --8<-- [end:activations]
+
+activation_epilogue = _act
+"""``activation_epilogue(z, ACT)``: the ``@triton.jit`` function that applies the activation of
+code ``ACT = ACTIVATIONS.index(name)`` to an fp32 tile, what the matmul's epilogue inlines.
+Public so that other kernels (benchmarks/_epilogue_sass.py, lab/ffn's Gluon study) apply the same
+epilogue."""
 
 
 @triton.jit
@@ -567,7 +575,16 @@ def _check_offsets(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} of shape {tuple(t.shape)} spans more than 2^31 - 1 elements")
 
 
+def _check_span(name: str, shape) -> None:
+    """A new contiguous tensor of this shape: every element's offset must fit int32."""
+    if math.prod(shape) - 1 > _INT32_MAX:
+        raise ValueError(f"{name} of shape {tuple(shape)} spans more than 2^31 - 1 elements")
+
+
 def _act_code(activation: str) -> int:
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be a str, one of {ACTIVATIONS}, got "
+                        f"{type(activation).__name__}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     return ACTIVATIONS.index(activation)
@@ -740,7 +757,7 @@ def _check_layer(weight, bias, like, k, k_from, *, names=("weight", "bias"), out
     _check_offsets(wn, weight)
 
 
-def _check_linear(x, weight, bias, out_rows: int = 1, *, names=("x", "weight", "bias")):
+def _check_linear(x, weight, bias, out_rows: int = 1, *, names=("input", "weight", "bias")):
     """x [M, K], weight [out_rows * N, K], bias [out_rows * N] or None, one dtype and device."""
     xn, wn, bn = names
     check_tensor(xn, x, dtypes=SUPPORTED, ndim=2)
@@ -748,55 +765,39 @@ def _check_linear(x, weight, bias, out_rows: int = 1, *, names=("x", "weight", "
     _check_layer(weight, bias, x, x.shape[1], f"{xn} has shape {tuple(x.shape)}",
                  names=(wn, bn), out_rows=out_rows)
     _check_offsets(xn, x)
-    _check_offsets("the output", torch.empty((x.shape[0], weight.shape[0]), device="meta"))
+    _check_span("the output", (x.shape[0], weight.shape[0]))
 
 
 # --8<-- [start:forward_launchers]
-def linear_act_forward(x, weight, bias=None, activation="gelu", *, store_z=False, config=None):
-    """Forward of one fused layer: ``y = sigma(x W^T + b)`` (and ``z = x W^T + b`` if store_z).
+def _linear_act_forward(x, weight, bias=None, activation="gelu", *, store_z=False, config=None):
+    """Forward of one fused layer: ``y = sigma(x W^T + b)``, and ``z = x W^T + b`` if store_z.
 
-    Args:
-        x: [M, K] bfloat16 / float16 / float32 (fp32 goes through tf32 in ``tl.dot``).
-            CUDA tensor (CPU tensor under the Triton interpreter). Any strides.
-        weight: [N, K] as ``nn.Linear`` stores it, x's dtype and device.
-        bias: [N], contiguous, or None.
-        activation: one of ``ACTIVATIONS``: "relu", "gelu" (erf form, Hendrycks & Gimpel 2016,
-            arXiv:1606.08415), "gelu_tanh" (its tanh approximation), "silu" (Elfwing et al. 2017,
-            arXiv:1702.03118) or "none".
-        store_z: also return the pre-activation ``z`` (kept for the backward pass).
-        config: a ``triton.Config`` with BLOCK_M/N/K and GROUP_M, or None to autotune over
-            ``MATMUL_CONFIGS`` on a GPU (a small fixed config under the interpreter).
-    Returns:
-        (y, z): y [M, N] in x's dtype; z [M, N] or None.
+    x [M, K] (any strides), weight [N, K], bias [N] contiguous or None, one dtype (bf16, fp16,
+    fp32: fp32 goes through tf32 in ``tl.dot`` on a GPU) and device. config: a ``triton.Config``
+    or None (``use_config``'s, else autotune on a GPU, a small fixed config under the
+    interpreter). Returns (y [M, N], z [M, N] or None; None also for activation "none").
     """
     act = _act_code(activation)
     _check_linear(x, weight, bias)
     _check_config(config)
+    config = config or _CONFIG[0]
     M, N = x.shape[0], weight.shape[0]
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     z = torch.empty_like(y) if store_z and act else None
     if y.numel():
         _matmul(x, weight.t(), y, bias=bias, z=z, act=act, store_z=z is not None, config=config)
-    return y, (y if store_z and not act else z)
+    return y, z
 
 
-def linear_swiglu_forward(x, weight, bias=None, *, store_z=False, config=None):
+def _linear_swiglu_forward(x, weight, bias=None, *, store_z=False, config=None):
     """Forward of the gated layer: ``h = silu(x W_gate^T + b_gate) * (x W_up^T + b_up)``.
 
-    SwiGLU (Shazeer 2020, arXiv:2002.05202) with both projections in one weight, as fused
-    implementations keep them.
-
-    Args:
-        x: [M, K] bfloat16 / float16 / float32 (tf32), CUDA (CPU under the interpreter).
-        weight: [2H, K] = [W_gate; W_up] (rows 0..H-1 gate, H..2H-1 up), x's dtype.
-        bias: [2H] = [b_gate; b_up], contiguous, or None.
-        store_z: also return ``z = [z_gate, z_up]`` [M, 2H] for the backward pass.
-        config: a ``triton.Config`` or None (autotune over ``SWIGLU_CONFIGS`` on a GPU).
-    Returns:
-        (h, z): h [M, H] in x's dtype; z [M, 2H] or None.
+    x [M, K], weight [2H, K] = [W_gate; W_up], bias [2H] or None. Returns (h [M, H],
+    z = [z_gate, z_up] [M, 2H] or None).
     """
     _check_linear(x, weight, bias, out_rows=2)
     _check_config(config)
+    config = config or _CONFIG[0]
     M, K = x.shape
     H = weight.shape[0] // 2
     h = torch.empty((M, H), device=x.device, dtype=x.dtype)
@@ -851,18 +852,12 @@ def linear_swiglu_forward(x, weight, bias=None, *, store_z=False, config=None):
 
 
 # --8<-- [start:backward_launchers]
-def act_backward(dy, z, activation="gelu", *, gated=False, want_dz=True, want_db=False):
+def _act_backward(dy, z, activation="gelu", *, gated=False, want_dz=True, want_db=False):
     """``dZ = dY * sigma'(Z)`` (or the SwiGLU rule if gated) and ``db = sum_rows dZ`` in one pass.
 
-    Args:
-        dy: [M, N] contiguous, the gradient of the layer's output.
-        z: [M, N] (or [M, 2N] = [z_gate, z_up] if gated) contiguous pre-activation, dy's dtype;
-            ignored for activation "none".
-        activation: as in ``linear_act_forward``; "silu" is implied when gated.
-        want_dz: write dZ (for "none", dZ is dy itself and is returned without a copy).
-        want_db: also return db in dy's dtype (summed in fp32).
-    Returns:
-        (dz, db): dz like z (or None), db [N] / [2N] (or None).
+    dy [M, N] contiguous; z [M, N] (or [M, 2N] = [z_gate, z_up] if gated) contiguous, dy's
+    dtype, ignored (may be None) for activation "none". Returns (dz like z, or None if not
+    want_dz; for "none" dz is dy itself; db [N] / [2N] in dy's dtype, summed in fp32, or None).
     """
     act = 4 if gated else _act_code(activation)
     check_tensor("dy", dy, dtypes=SUPPORTED, ndim=2, contiguous=True)
@@ -899,23 +894,24 @@ def act_backward(dy, z, activation="gelu", *, gated=False, want_dz=True, want_db
     return dz, (None if db is None else db.to(dy.dtype))
 
 
-def linear_backward(dz, x, weight, *, want_dx=True, want_dw=True, config=None):
+def _linear_backward(dz, x, weight, *, want_dx=True, want_dw=True, config=None):
     """``dX = dZ W`` [M, K] and ``dW = dZ^T X`` [N, K] by the same kernel, strides swapped.
 
-    Args: dz [M, N], x [M, K] and weight [N, K], one dtype and device, any strides.
+    dz [M, N], x [M, K] and weight [N, K], one dtype and device, any strides.
     """
     _check_linear(x, weight, None)
     _check_config(config)
+    config = config or _CONFIG[0]
     M, K = x.shape
     N = weight.shape[0]
     check_tensor("dz", dz, dtypes=(x.dtype,), ndim=2, device=x.device)
     if tuple(dz.shape) != (M, N):
         raise ValueError(
-            f"dz has shape {tuple(dz.shape)}, expected {(M, N)} (x's rows, weight's rows)"
+            f"dz has shape {tuple(dz.shape)}, expected {(M, N)} (input's rows, weight's rows)"
         )
     _check_offsets("dz", dz)
     for name, shape in (("dx", (M, K)), ("dw", (N, K))):
-        _check_offsets(name, torch.empty(shape, device="meta"))
+        _check_span(name, shape)
     dx = dw = None
     if want_dx:
         dx = torch.empty((M, K), device=x.device, dtype=x.dtype)
@@ -928,128 +924,411 @@ def linear_backward(dz, x, weight, *, want_dx=True, want_dw=True, config=None):
     return dx, dw
 
 
+def _hidden_backward(dy, w2, z1, activation, *, want_db=False, config=None):
+    """The FFN's ``dZ1 = (dY W2) * sigma'(Z1)`` and ``db1 = sum_rows dZ1``, both in the epilogue
+    of one matmul. dy [M, d] contiguous, w2 [d, h], z1 [M, h] contiguous. Returns (dz1, db1 in
+    dy's dtype or None)."""
+    act = _act_code(activation)
+    config = config or _CONFIG[0]
+    db = torch.zeros(w2.shape[1], device=dy.device, dtype=torch.float32) if want_db else None
+    dz1 = torch.empty(z1.shape, device=dy.device, dtype=dy.dtype)
+    if dz1.numel():
+        _matmul(dy, w2, dz1, z=z1, db=db, act=act, grad_act=True, config=config)
+    return dz1, (None if db is None else db.to(dy.dtype))
+
+
 # --8<-- [end:backward_launchers]
 
 
+# --8<-- [start:ops]
+# The custom operators (torch.library): what torch.compile, FakeTensorMode and opcheck see. An
+# op may not return None or an alias of an input, so an output it was not asked for is an empty
+# tensor (_none), which the callers turn back into None.
+def _none(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(0)
+
+
+def _or_none(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None or (t.ndim == 1 and t.shape[0] == 0) else t
+
+
+@torch.library.custom_op("kernelnotes::linear_act", mutates_args=())
+def _linear_act_op(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
+    store_z: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, z): z = input weight^T + bias if store_z and the activation is not "none", else
+    empty."""
+    y, z = _linear_act_forward(input, weight, bias, activation, store_z=store_z)
+    return y, (_none(y) if z is None else z)
+
+
+@_linear_act_op.register_fake
+def _(input, weight, bias, activation, store_z):
+    y = input.new_empty((input.shape[0], weight.shape[0]))
+    return y, (y.new_empty(y.shape) if store_z and activation != "none" else _none(y))
+
+
+@torch.library.custom_op("kernelnotes::linear_swiglu", mutates_args=())
+def _linear_swiglu_op(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, store_z: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, z): z = [z_gate, z_up] if store_z, else empty."""
+    h, z = _linear_swiglu_forward(input, weight, bias, store_z=store_z)
+    return h, (_none(h) if z is None else z)
+
+
+@_linear_swiglu_op.register_fake
+def _(input, weight, bias, store_z):
+    h = input.new_empty((input.shape[0], weight.shape[0] // 2))
+    return h, (h.new_empty((input.shape[0], weight.shape[0])) if store_z else _none(h))
+
+
+@torch.library.custom_op("kernelnotes::ffn", mutates_args=())
+def _ffn_op(
+    input: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
+    b2: torch.Tensor | None, activation: str, save: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, a1, z1): a1 = sigma(z1) and z1 kept for the backward pass if save (z1 empty for
+    "none"), else empty."""
+    a1, z1 = _linear_act_forward(input, w1, b1, activation, store_z=save)
+    y, _ = _linear_act_forward(a1, w2, b2, "none")
+    if not save:
+        return y, _none(y), _none(y)
+    return y, a1, (_none(y) if z1 is None else z1)
+
+
+@_ffn_op.register_fake
+def _(input, w1, b1, w2, b2, activation, save):
+    y = input.new_empty((input.shape[0], w2.shape[0]))
+    if not save:
+        return y, _none(y), _none(y)
+    a1 = input.new_empty((input.shape[0], w1.shape[0]))
+    return y, a1, (a1.new_empty(a1.shape) if activation != "none" else _none(y))
+
+
+@torch.library.custom_op("kernelnotes::ffn_act_backward", mutates_args=())
+def _act_backward_op(
+    grad_output: torch.Tensor, z: torch.Tensor | None, activation: str, gated: bool,
+    want_dz: bool, want_db: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dZ = dY sigma'(Z) or empty, db = column sums of dZ or empty); "none" writes no dZ."""
+    dz, db = _act_backward(grad_output, z, activation, gated=gated,
+                           want_dz=want_dz and (gated or activation != "none"), want_db=want_db)
+    return (_none(grad_output) if dz is None else dz), (_none(grad_output) if db is None else db)
+
+
+@_act_backward_op.register_fake
+def _(grad_output, z, activation, gated, want_dz, want_db):
+    n = grad_output.shape[1] * (2 if gated else 1)
+    dz = grad_output.new_empty((grad_output.shape[0], n))
+    return (dz if want_dz and (gated or activation != "none") else _none(grad_output),
+            grad_output.new_empty(n) if want_db else _none(grad_output))
+
+
+@torch.library.custom_op("kernelnotes::ffn_linear_backward", mutates_args=())
+def _linear_backward_op(
+    grad: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, want_dx: bool, want_dw: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dX = dZ W or empty, dW = dZ^T X or empty)."""
+    dx, dw = _linear_backward(grad, input, weight, want_dx=want_dx, want_dw=want_dw)
+    return (_none(grad) if dx is None else dx), (_none(grad) if dw is None else dw)
+
+
+@_linear_backward_op.register_fake
+def _(grad, input, weight, want_dx, want_dw):
+    return (input.new_empty(input.shape) if want_dx else _none(grad),
+            weight.new_empty(weight.shape) if want_dw else _none(grad))
+
+
+@torch.library.custom_op("kernelnotes::ffn_hidden_backward", mutates_args=())
+def _hidden_backward_op(
+    grad_output: torch.Tensor, w2: torch.Tensor, z1: torch.Tensor, activation: str, want_db: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dZ1 = (dY W2) sigma'(Z1), db1 = column sums of dZ1 or empty), in one matmul."""
+    dz1, db1 = _hidden_backward(grad_output, w2, z1, activation, want_db=want_db)
+    return dz1, (_none(dz1) if db1 is None else db1)
+
+
+@_hidden_backward_op.register_fake
+def _(grad_output, w2, z1, activation, want_db):
+    return z1.new_empty(z1.shape), (z1.new_empty(z1.shape[1]) if want_db else _none(z1))
+
+
+# --8<-- [end:ops]
+
+
 # --8<-- [start:autograd]
-class LinearActFunction(torch.autograd.Function):
-    """y = sigma(x W^T + b); backward: dZ = dY sigma'(Z), dX = dZ W, dW = dZ^T X, db = sum dZ."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, activation, config):
-        y, z = linear_act_forward(x, weight, bias, activation, store_z=True, config=config)
-        ctx.save_for_backward(x, weight, None if activation == "none" else z)
-        ctx.activation, ctx.config, ctx.has_bias = activation, config, bias is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, z = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dz, db = act_backward(dy.contiguous(), z, ctx.activation, want_db=need_b and ctx.has_bias)
-        dx, dw = linear_backward(dz, x, weight, want_dx=need_x, want_dw=need_w, config=ctx.config)
-        return dx, dw, db, None, None
+def _dz_db(dy, z, activation, gated, need_db):
+    """dZ (dY itself for "none") and db (or None) through the ffn_act_backward op."""
+    plain = activation == "none" and not gated
+    if plain and not need_db:
+        return dy, None
+    dz, db = torch.ops.kernelnotes.ffn_act_backward(dy, z, activation, gated, not plain, need_db)
+    return (dy if plain else dz), _or_none(db)
 
 
-class SwiGLUFunction(torch.autograd.Function):
-    """h = silu(z_g) * z_u with [z_g, z_u] = x W^T + b; backward through dZ = [dz_g, dz_u]."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, config):
-        h, z = linear_swiglu_forward(x, weight, bias, store_z=True, config=config)
-        ctx.save_for_backward(x, weight, z)
-        ctx.config, ctx.has_bias = config, bias is not None
-        return h
-
-    @staticmethod
-    def backward(ctx, dh):
-        x, weight, z = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dz, db = act_backward(dh.contiguous(), z, gated=True, want_db=need_b and ctx.has_bias)
-        dx, dw = linear_backward(dz, x, weight, want_dx=need_x, want_dw=need_w, config=ctx.config)
-        return dx, dw, db, None
+def _linear_grads(dz, x, weight, need_x, need_w):
+    if not (need_x or need_w):
+        return None, None
+    dx, dw = torch.ops.kernelnotes.ffn_linear_backward(dz, x, weight, need_x, need_w)
+    return (dx if need_x else None), (dw if need_w else None)
 
 
-class FFNFunction(torch.autograd.Function):
-    """y = sigma(x W1^T + b1) W2^T + b2 with sigma'(Z1) fused into the epilogue of dA1 = dY W2."""
-
-    @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, activation, config):
-        a1, z1 = linear_act_forward(x, w1, b1, activation, store_z=True, config=config)
-        y, _ = linear_act_forward(a1, w2, b2, "none", config=config)
-        ctx.save_for_backward(x, w1, w2, z1, a1)
-        ctx.activation, ctx.config = activation, config
-        ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w1, w2, z1, a1 = ctx.saved_tensors
-        need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
-        dy = dy.contiguous()
-        cfg, act = ctx.config, _act_code(ctx.activation)
-        db2 = None
-        if need_b2 and ctx.has_b2:
-            db2 = act_backward(dy, None, "none", want_dz=False, want_db=True)[1]
-        dw2 = _matmul(dy.t(), a1, x.new_empty(w2.shape), config=cfg) if need_w2 else None
-        # dZ1 = (dY W2) * sigma'(Z1) and db1 = sum_rows dZ1, in the epilogue of one matmul
-        db1 = None
-        if need_b1 and ctx.has_b1:
-            db1 = torch.zeros(w1.shape[0], device=x.device, dtype=torch.float32)
-        dz1 = _matmul(
-            dy, w2, x.new_empty(z1.shape), z=z1, db=db1, act=act, grad_act=True, config=cfg
-        )
-        dx, dw1 = linear_backward(dz1, x, w1, want_dx=need_x, want_dw=need_w1, config=cfg)
-        return dx, dw1, (None if db1 is None else db1.to(dy.dtype)), dw2, db2, None, None
+def _no_z(op: str):
+    return RuntimeError(f"kernelnotes::{op}: the backward pass needs the forward's saved "
+                        "pre-activation: call it with store_z=True / save=True (the public "
+                        "functions do so when an input requires grad)")
 
 
+def _linear_act_setup(ctx, inputs, output):
+    x, weight, bias, activation, store_z = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.activation, ctx.has_bias, ctx.store_z = activation, bias is not None, store_z
+
+
+def _linear_act_backward(ctx, dy, _dz):
+    """y = sigma(x W^T + b): dZ = dY sigma'(Z), dX = dZ W, dW = dZ^T X, db = sum_rows dZ."""
+    x, weight, z = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    if ctx.activation != "none" and not ctx.store_z:
+        raise _no_z("linear_act")
+    dz, db = _dz_db(dy.contiguous(), _or_none(z), ctx.activation, False, need_b and ctx.has_bias)
+    dx, dw = _linear_grads(dz, x, weight, need_x, need_w)
+    return dx, dw, db, None, None
+
+
+_linear_act_op.register_autograd(_linear_act_backward, setup_context=_linear_act_setup)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    x, weight, bias, store_z = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.has_bias, ctx.store_z = bias is not None, store_z
+
+
+def _swiglu_backward(ctx, dh, _dz):
+    """h = silu(z_g) * z_u with [z_g, z_u] = x W^T + b: dz_g = dh z_u silu'(z_g),
+    dz_u = dh silu(z_g), then as a linear layer."""
+    x, weight, z = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    if not ctx.store_z:
+        raise _no_z("linear_swiglu")
+    dz, db = _dz_db(dh.contiguous(), z, "silu", True, need_b and ctx.has_bias)
+    dx, dw = _linear_grads(dz, x, weight, need_x, need_w)
+    return dx, dw, db, None
+
+
+_linear_swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+def _ffn_setup(ctx, inputs, output):
+    x, w1, b1, w2, b2, activation, save = inputs
+    _, a1, z1 = output
+    ctx.save_for_backward(x, w1, w2, a1, z1)
+    ctx.activation, ctx.save = activation, save
+    ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
+
+
+def _ffn_backward(ctx, dy, _a1, _z1):
+    """y = sigma(x W1^T + b1) W2^T + b2, with sigma'(Z1) fused into the epilogue of dA1 = dY W2."""
+    x, w1, w2, a1, z1 = ctx.saved_tensors
+    need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
+    if not ctx.save:
+        raise _no_z("ffn")
+    dy = dy.contiguous()
+    db2 = _dz_db(dy, None, "none", False, True)[1] if need_b2 and ctx.has_b2 else None
+    dw2 = _linear_grads(dy, a1, w2, False, need_w2)[1]
+    # dZ1 = (dY W2) * sigma'(Z1) and db1 = sum_rows dZ1, in the epilogue of one matmul ("none":
+    # sigma' = 1, and a1 stands in for the Z1 the kernel does not read)
+    z = a1 if ctx.activation == "none" else z1
+    need_db1 = bool(need_b1 and ctx.has_b1)
+    dz1, db1 = torch.ops.kernelnotes.ffn_hidden_backward(dy, w2, z, ctx.activation, need_db1)
+    dx, dw1 = _linear_grads(dz1, x, w1, need_x, need_w1)
+    return dx, dw1, _or_none(db1) if need_db1 else None, dw2, db2, None, None
+
+
+_ffn_op.register_autograd(_ffn_backward, setup_context=_ffn_setup)
 # --8<-- [end:autograd]
 
 
 # --8<-- [start:public]
-def _needs_grad(*tensors) -> bool:
+_CONFIG: list = [None]  # use_config's
+
+
+@contextlib.contextmanager
+def use_config(config: triton.Config | None) -> Iterator[None]:
+    """Run every kernel launched inside the ``with`` block with one fixed ``triton.Config``.
+
+    The ops choose their tiles themselves (``TMA_CONFIG`` for large problems on Hopper, else
+    autotuning over ``MATMUL_CONFIGS``; a small fixed config under the interpreter). Benchmarks
+    and tests that time or check one config ask for it here.
+
+    Args:
+        config: a ``triton.Config`` setting BLOCK_M, BLOCK_N, BLOCK_K and GROUP_M (and optionally
+            TMA, FLATTEN, TMA_STORE), or None for the default choice.
+
+    Raises:
+        TypeError: config is not a ``triton.Config`` or None.
+        ValueError: it lacks one of the four tile sizes.
+    """
+    _check_config(config)
+    before, _CONFIG[0] = _CONFIG[0], config
+    try:
+        yield
+    finally:
+        _CONFIG[0] = before
+
+
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def linear_act(x, weight, bias=None, activation="gelu", *, config=None):
-    """``sigma(x W^T + b)`` in one kernel, differentiable (see ``linear_act_forward`` for args)."""
-    if _needs_grad(x, weight, bias):
-        _act_code(activation)
-        return LinearActFunction.apply(x, weight, bias, activation, config)
-    return linear_act_forward(x, weight, bias, activation, config=config)[0]
+def _rows(name: str, t: torch.Tensor, k: int) -> torch.Tensor:
+    """t [*, k] as a matrix [prod(*), k] (as F.linear flattens its leading dimensions)."""
+    if t.ndim == 0:
+        raise ValueError(f"{name} must have at least 1 dimension, got a 0-dimensional tensor")
+    return t.reshape(math.prod(t.shape[:-1]), k)
 
 
-def linear_swiglu(x, weight, bias=None, *, config=None):
-    """``silu(x W_gate^T + b_gate) * (x W_up^T + b_up)``, differentiable; W = [W_gate; W_up]."""
-    if _needs_grad(x, weight, bias):
-        return SwiGLUFunction.apply(x, weight, bias, config)
-    return linear_swiglu_forward(x, weight, bias, config=config)[0]
+def _check_input(name: str, t, weight_name: str, weight, bias_name: str, bias, out_rows: int = 1):
+    """Shape, dtype and device checks that also hold on fake tensors and under Dynamo."""
+    check_tensor(name, t, dtypes=SUPPORTED)
+    if t.ndim == 0:
+        raise ValueError(f"{name} must have at least 1 dimension, got a 0-dimensional tensor")
+    check_tensor(weight_name, weight)
+    if bias is not None:
+        check_tensor(bias_name, bias)
+        bias = bias.contiguous()  # the kernels read it at unit stride
+    _check_layer(weight, bias, t, t.shape[-1], f"{name} has shape {tuple(t.shape)}",
+                 names=(weight_name, bias_name), out_rows=out_rows)
+    return bias
 
 
-def ffn(x, w1, b1, w2, b2, activation="gelu", *, config=None):
-    """Two-layer FFN ``sigma(x W1^T + b1) W2^T + b2``, differentiable, x [M, d]."""
+def linear_act(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str = "gelu",
+) -> torch.Tensor:
+    """``activation(F.linear(input, weight, bias))`` in one kernel: ``sigma(x W^T + b)``.
+
+    Differentiable (dZ = dY sigma'(Z), dX = dZ W, dW = dZ^T X, db = column sums of dZ), and a
+    ``torch.library`` custom op (``torch.ops.kernelnotes.linear_act``), so it runs under
+    ``torch.compile(fullgraph=True)`` and ``FakeTensorMode``.
+
+    Args:
+        input: [*, K] bfloat16, float16 or float32 (fp32 goes through tf32 in ``tl.dot`` on a
+            GPU), any strides. CUDA tensor (CPU under the Triton interpreter).
+        weight: [N, K] as ``nn.Linear`` stores it, input's dtype and device, any strides.
+        bias: [N] or None, input's dtype and device.
+        activation: one of ``ACTIVATIONS``: "relu", "gelu" (erf form, as ``F.gelu``; Hendrycks
+            & Gimpel 2016, arXiv:1606.08415), "gelu_tanh" (``F.gelu(approximate="tanh")``),
+            "silu" (Elfwing et al. 2017, arXiv:1702.03118) or "none".
+
+    Returns:
+        [*, N] in input's dtype. NaN and inf propagate as in torch.
+
+    Raises:
+        TypeError: a tensor argument is not a tensor, or has an unsupported or another dtype;
+            activation is not a string.
+        ValueError: 0-dimensional input, shapes that do not fit, tensors on another device (or
+            on a GPU under the interpreter), an unknown activation, more than 2^31 - 1 elements.
+    """
     _act_code(activation)
-    _check_linear(x, w1, b1, names=("x", "w1", "b1"))  # errors name the arguments as passed
-    _check_layer(w2, b2, x, w1.shape[0], f"w1 has shape {tuple(w1.shape)}", names=("w2", "b2"))
-    if _needs_grad(x, w1, b1, w2, b2):
-        return FFNFunction.apply(x, w1, b1, w2, b2, activation, config)
-    a1, _ = linear_act_forward(x, w1, b1, activation, config=config)
-    return linear_act_forward(a1, w2, b2, "none", config=config)[0]
+    bias = _check_input("input", input, "weight", weight, "bias", bias)
+    lead, k = input.shape[:-1], input.shape[-1]
+    store = _needs_grad(input, weight, bias) and activation != "none"
+    y, _ = _linear_act_op(_rows("input", input, k), weight, bias, activation, store)
+    return y.reshape(*lead, weight.shape[0])
+
+
+def linear_swiglu(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The gated layer ``silu(x W_gate^T + b_gate) * (x W_up^T + b_up)`` in one kernel.
+
+    SwiGLU (Shazeer 2020, arXiv:2002.05202) with both projections in one weight, as fused
+    implementations keep them; one read of each input tile feeds both products. Differentiable,
+    and a custom op (``torch.ops.kernelnotes.linear_swiglu``).
+
+    Args:
+        input: [*, K] bfloat16, float16 or float32, any strides.
+        weight: [2H, K] = [W_gate; W_up] (rows 0..H-1 gate, H..2H-1 up), input's dtype and device.
+        bias: [2H] = [b_gate; b_up] or None.
+
+    Returns:
+        [*, H] in input's dtype.
+
+    Raises:
+        TypeError: as ``linear_act``.
+        ValueError: as ``linear_act``, and a weight with an odd number of rows.
+    """
+    bias = _check_input("input", input, "weight", weight, "bias", bias, out_rows=2)
+    lead, k = input.shape[:-1], input.shape[-1]
+    h, _ = _linear_swiglu_op(_rows("input", input, k), weight, bias,
+                             _needs_grad(input, weight, bias))
+    return h.reshape(*lead, weight.shape[0] // 2)
+
+
+def ffn(
+    input: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    activation: str = "gelu",
+) -> torch.Tensor:
+    """The two-layer FFN ``F.linear(activation(F.linear(input, w1, b1)), w2, b2)``.
+
+    The first layer's activation is fused into its matmul; in the backward pass sigma'(Z1) and
+    db1 are fused into the epilogue of dA1 = dY W2 (docs/posts/06-backprop.md). A custom op
+    (``torch.ops.kernelnotes.ffn``), differentiable in every tensor.
+
+    Args:
+        input: [*, d] bfloat16, float16 or float32.
+        w1: [h, d], b1: [h] or None: the first layer (``nn.Linear(d, h)``'s layout).
+        w2: [d_out, h], b2: [d_out] or None: the second layer.
+        activation: one of ``ACTIVATIONS``.
+
+    Returns:
+        [*, d_out] in input's dtype.
+
+    Raises:
+        TypeError: as ``linear_act``.
+        ValueError: as ``linear_act``; errors name the argument (w1, b1, w2, b2).
+    """
+    _act_code(activation)
+    b1 = _check_input("input", input, "w1", w1, "b1", b1)
+    check_tensor("w2", w2)
+    if b2 is not None:
+        check_tensor("b2", b2)
+        b2 = b2.contiguous()
+    _check_layer(w2, b2, input, w1.shape[0], f"w1 has shape {tuple(w1.shape)}", names=("w2", "b2"))
+    lead, k = input.shape[:-1], input.shape[-1]
+    save = _needs_grad(input, w1, b1, w2, b2)
+    y, _, _ = _ffn_op(_rows("input", input, k), w1, b1, w2, b2, activation, save)
+    return y.reshape(*lead, w2.shape[0])
 
 
 class FeedForward(torch.nn.Module):
     """The transformer FFN on the fused kernels: ``W2 sigma(W1 x + b1) + b2``, or gated (SwiGLU).
 
     Args:
-        d_model: input and output width d.
-        d_hidden: hidden width h.
+        d_model: input and output width d (an int >= 1).
+        d_hidden: hidden width h (an int >= 1).
         activation: one of ``ACTIVATIONS`` (ignored when gated: SwiGLU uses silu).
         gated: ``W2 (silu(W_gate x) * (W_up x))`` (Shazeer 2020) with ``w_gate_up`` [2h, d].
         bias: whether the layers have biases.
-        config: a fixed ``triton.Config`` for every kernel, or None to autotune on the GPU.
+        device, dtype: of the parameters, as in ``nn.Linear``.
 
     Parameters (``nn.Linear`` layout and initialization, U(-1/sqrt(fan_in), 1/sqrt(fan_in))):
         w1 [h, d] / b1 [h], or w_gate_up [2h, d] / b_gate_up [2h] when gated; w2 [d, h], b2 [d].
+
+    Raises:
+        TypeError: d_model or d_hidden not an int, gated or bias not a bool, activation not a
+            string.
+        ValueError: a width below 1, an unknown activation.
 
     Example:
         >>> ffn = FeedForward(64, 256, "gelu", device="cuda", dtype=torch.bfloat16)
@@ -1058,19 +1337,26 @@ class FeedForward(torch.nn.Module):
 
     def __init__(
         self,
-        d_model,
-        d_hidden,
-        activation="gelu",
+        d_model: int,
+        d_hidden: int,
+        activation: str = "gelu",
         *,
-        gated=False,
-        bias=True,
-        config=None,
-        device=None,
-        dtype=None,
-    ):
+        gated: bool = False,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        for name, value in (("d_model", d_model), ("d_hidden", d_hidden)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name, value in (("gated", gated), ("bias", bias)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
         _act_code(activation)
-        self.activation, self.gated, self.config = activation, gated, config
+        self.activation, self.gated = activation, gated
         kw = dict(device=device, dtype=dtype)
         rows = 2 * d_hidden if gated else d_hidden
         w_in = torch.nn.Parameter(torch.empty(rows, d_model, **kw))
@@ -1083,7 +1369,8 @@ class FeedForward(torch.nn.Module):
             self.w1, self.b1 = w_in, b_in
         self.reset_parameters()
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s initialization: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for each tensor."""
         for w, b in self._layers():
             bound = 1.0 / math.sqrt(w.shape[1])
             torch.nn.init.uniform_(w, -bound, bound)
@@ -1094,15 +1381,17 @@ class FeedForward(torch.nn.Module):
         first = (self.w_gate_up, self.b_gate_up) if self.gated else (self.w1, self.b1)
         return [first, (self.w2, self.b2)]
 
-    def forward(self, x):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """input [*, d_model] in the parameters' dtype and device -> [*, d_model]."""
+        check_tensor("input", input)
+        d = self.w2.shape[0]
+        if input.ndim == 0 or input.shape[-1] != d:
+            raise ValueError(f"input has shape {tuple(input.shape)}: its last dimension must be "
+                             f"d_model = {d}")
         if self.gated:
-            h = linear_swiglu(x2, self.w_gate_up, self.b_gate_up, config=self.config)
-            y = linear_act(h, self.w2, self.b2, "none", config=self.config)
-        else:
-            y = ffn(x2, self.w1, self.b1, self.w2, self.b2, self.activation, config=self.config)
-        return y.reshape(*shape[:-1], y.shape[-1])
+            h = linear_swiglu(input, self.w_gate_up, self.b_gate_up)
+            return linear_act(h, self.w2, self.b2, "none")
+        return ffn(input, self.w1, self.b1, self.w2, self.b2, self.activation)
 
 
 # --8<-- [end:public]
