@@ -211,7 +211,7 @@ def test_flop_counts_match_formulas():
 
 
 # ---------------------------------------------------------------------------------------------
-# Triton kernels (fp32)
+# Triton kernels (fp32): the launchers, with fixed configurations
 
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 32, 33])  # 32: the last row-per-lane size
 def test_lu_factor(n):
@@ -219,12 +219,8 @@ def test_lu_factor(n):
     batch = size(3, 4096)
     g = torch.Generator().manual_seed(n)
     A = torch.randn(batch, n, n, generator=g).to(DEVICE)
-    out = tuple(poison_(t) for t in (
-        torch.empty(batch, n, n, device=DEVICE),
-        torch.empty(batch, n, dtype=torch.int32, device=DEVICE),
-        torch.empty(batch, dtype=torch.int32, device=DEVICE)))
-    LU, piv, info = K.lu_factor(A, config=_config(), out=out)
-    assert LU is out[0] and torch.isfinite(LU).all() and (piv >= 1).all() and (info == 0).all()
+    LU, piv, info = K._launch_lu_factor(A, _config())
+    assert torch.isfinite(LU).all() and (piv >= 1).all() and (info == 0).all()
     L, U = _unpack(LU)
     assert rel_err(L @ U, _perm_rows(A, piv)) < 10 * n * U32
     assert L.abs().max() <= 1.0
@@ -250,12 +246,8 @@ def test_lu_factor_several_matrices_per_program(mats, warps):
         A[3, 1, 0] = float("nan")
         A[4, :, 1] = A[4, :, 1].round()  # exact ties in a column
         A = A.to(DEVICE)
-        out = (poison_(torch.empty(batch, n, n, device=DEVICE)),
-               torch.full((batch, n), -7, dtype=torch.int32, device=DEVICE),
-               torch.full((batch,), -7, dtype=torch.int32, device=DEVICE))
-        LU, piv, info = K.lu_factor(A, config=triton.Config({"MATS": mats}, num_warps=w),
-                                    out=out)
-        LU1, piv1, info1 = K.lu_factor(A, config=triton.Config({"MATS": 1}, num_warps=w))
+        LU, piv, info = K._launch_lu_factor(A, triton.Config({"MATS": mats}, num_warps=w))
+        LU1, piv1, info1 = K._launch_lu_factor(A, triton.Config({"MATS": 1}, num_warps=w))
         assert torch.equal(piv, piv1) and torch.equal(info, info1)
         assert torch.equal(LU.isnan(), LU1.isnan())
         assert torch.equal(LU.nan_to_num(), LU1.nan_to_num())
@@ -275,12 +267,16 @@ def test_lu_factor_singular_and_edge_values():
     A[1, :, 2] = 0.0  # a zero column: U_33 = 0 exactly
     A[2] = torch.tensor([[1.0, 2.0, 3.0, 4.0]]).T @ torch.tensor([[1.0, -1.0, 2.0, 0.5]])  # rank 1
     A[3] = torch.eye(4)
-    LU, piv, info = K.lu_factor(A.to(DEVICE), config=_config())
+    LU, piv, info = K.lu_factor_ex(A.to(DEVICE))
     _, piv_t, info_t = torch.linalg.lu_factor_ex(A.double())
     assert info.cpu().tolist() == info_t.tolist() and info_t[3] == 0 and (info_t[:3] > 0).all()
     assert torch.isfinite(LU).all()  # a zero pivot leaves its column unscaled, no inf/NaN
     L, U = _unpack(LU.cpu())
     assert rel_err(L @ U, _perm_rows(A, piv.cpu())) < 40 * U32
+    with pytest.raises(RuntimeError, match=r"U\[0,0\] is zero"):
+        K.lu_factor(A.to(DEVICE))  # as torch.linalg.lu_factor: singular input raises
+    with pytest.raises(RuntimeError, match="is zero"):
+        K.lu_factor_ex(A.to(DEVICE), check_errors=True)
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning",
@@ -297,11 +293,11 @@ def test_lu_solve_zero_pivot_gives_inf_or_nan_exactly_there():
     # exact, so the second pivot is exactly 0 in any precision and operation order (with rows
     # scaled 1..6 it is left over from rounding, and LAPACK's info then depends on its BLAS)
     A[4] = 2.0 ** torch.arange(n)[:, None] * torch.tensor([1.0, -1.0, 2.0, 0.5, 3.0, -2.0])
-    LU, piv, info = K.lu_factor(A.to(DEVICE), config=_config())
+    LU, piv, info = K.lu_factor_ex(A.to(DEVICE))
     _, _, info_t = torch.linalg.lu_factor_ex(A.double())  # LAPACK: which ones are singular
     assert torch.equal(info.cpu(), info_t) and info_t.tolist() == [0, 1, 0, 3, 2]
     B = torch.randn(5, n, 2, device=DEVICE)
-    X = K.lu_solve(LU, piv, B, config=_config())
+    X = K.lu_solve(LU, piv, B)
     assert torch.equal(torch.isfinite(X).flatten(1).all(dim=1), info == 0)
 
 
@@ -313,15 +309,15 @@ def test_lu_solve_foreign_pivots_give_nan():
     n = 5
     A = torch.randn(5, n, n, generator=torch.Generator().manual_seed(5)) + n**0.5 * torch.eye(n)
     B = torch.randn(5, n, 2)
-    LU, piv, _ = K.lu_factor(A.to(DEVICE), config=_config())
+    LU, piv = K.lu_factor(A.to(DEVICE))
     bad = piv.clone()
     bad[1, 2] = 99
     bad[2, 0] = n + 2  # 0-based n + 1: a padding row of the tile, outside B
     bad[3, 4] = 0
     bad[4, 3] = 3  # step 3 (0-based) swapping with row 2, already a row of U
     assert ((piv >= torch.arange(1, n + 1, device=DEVICE)) & (piv <= n)).all()  # lu_factor's
-    X = K.lu_solve(LU, bad, B.to(DEVICE), config=_config())
-    X_good = K.lu_solve(LU, piv, B.to(DEVICE), config=_config())
+    X = K.lu_solve(LU, bad, B.to(DEVICE))
+    X_good = K.lu_solve(LU, piv, B.to(DEVICE))
     assert torch.isnan(X[1:]).all() and torch.equal(X[0], X_good[0])
     assert torch.isfinite(X_good).all()
 
@@ -333,9 +329,8 @@ def test_lu_solve(n, k):
     g = torch.Generator().manual_seed(100 + n)
     A = (torch.randn(batch, n, n, generator=g) + n**0.5 * torch.eye(n)).to(DEVICE)
     B = torch.randn(batch, n, k, generator=g).to(DEVICE)
-    LU, piv, _ = K.lu_factor(A, config=_config())
-    X = K.lu_solve(LU, piv, B, config=_config(),
-                   out=poison_(torch.empty(batch, n, k, device=DEVICE)))
+    LU, piv, _ = K._launch_lu_factor(A, _config())
+    X = K._launch_lu_solve(LU, piv, B, _config())
     assert torch.isfinite(X).all()
     Ad, Xd, Bd = A.double(), X.double(), B.double()
     backward = ((Ad @ Xd - Bd).flatten(1).norm(dim=1)
@@ -354,10 +349,8 @@ def test_qr(shape):
     batch = size(3, 2048)
     g = torch.Generator().manual_seed(m * 100 + n)
     A = torch.randn(batch, m, n, generator=g).to(DEVICE)
-    Q0 = poison_(torch.empty(batch, m, p, device=DEVICE))
-    R0 = poison_(torch.empty(batch, p, n, device=DEVICE))
-    Q, R = K.qr(A, config=_config(), out=(Q0, R0))
-    assert Q is Q0 and torch.isfinite(Q).all() and torch.isfinite(R).all()
+    Q, R = K._launch_qr(A, True, _config())
+    assert torch.isfinite(Q).all() and torch.isfinite(R).all()
     assert torch.equal(R, torch.triu(R))
     Qd, Rd = Q.double(), R.double()
     assert rel_err(Qd @ Rd, A) < 10 * max(p, 2) * U32
@@ -365,10 +358,9 @@ def test_qr(shape):
     assert (Qd.mT @ Qd - eye).flatten(1).norm(dim=1).max() < 10 * max(p, 2) * U32
     R64 = torch.linalg.qr(A.cpu().double()).R  # LAPACK's signs, the same as ours
     assert rel_err(R, R64) < 10 * p * U32 * torch.linalg.cond(A.cpu().double()).max().item()
-    R1 = poison_(torch.empty(batch, p, n, device=DEVICE))
-    _, R_only = K.qr(A, mode="r", config=_config(), out=(None, R1))
-    assert R_only is R1 and torch.isfinite(R_only).all()  # every element written, zeros too
-    assert torch.equal(R_only, torch.triu(R_only))
+    Q0, R_only = K._launch_qr(A, False, _config())
+    assert Q0.numel() == 0 and torch.isfinite(R_only).all()
+    assert torch.equal(R_only, torch.triu(R_only))  # every element written, zeros too
     # the same reflections without forming Q; compiled separately, so equal up to rounding
     assert rel_err(R_only, R) < 10 * p * U32
 
@@ -378,7 +370,7 @@ def test_qr_rank_deficient_and_zero():
     A = torch.randn(3, 12, 6)
     A[0] = 0.0
     A[1, :, 4] = A[1, :, 0] - 2 * A[1, :, 1]  # rank 5
-    Q, R = K.qr(A.to(DEVICE), config=_config())
+    Q, R = K.qr(A.to(DEVICE))
     assert torch.isfinite(Q).all() and torch.isfinite(R).all()
     assert R[0].abs().max() == 0 and torch.equal(Q[0].cpu(), torch.eye(12, 6))  # H = I throughout
     assert rel_err(Q.double() @ R.double(), A) < 60 * U32
@@ -395,33 +387,31 @@ def test_lstsq(cond):
     B64 = A64 @ rng.standard_normal((batch, n, k)) + 1e-3 * rng.standard_normal((batch, m, k))
     A = torch.from_numpy(A64).float().to(DEVICE)
     B = torch.from_numpy(B64).float().to(DEVICE)
-    X0 = poison_(torch.empty(batch, n, k, device=DEVICE))
-    X, info = K.lstsq(A, B, config=_config(), out=(X0, torch.full((batch,), -1, dtype=torch.int32,
-                                                                    device=DEVICE)))
-    assert (info == 0).all() and torch.isfinite(X).all()
+    X, res, rank = K._launch_lstsq(A, B, m * K.EPS_FP32, _config())
+    assert (rank == n).all() and torch.isfinite(X).all()
     # the fp32-rounded problem, solved in float64, is the reference
     Ad, Bd = A.double().cpu(), B.double().cpu()
     X64 = torch.linalg.lstsq(Ad, Bd, driver="gelsd").solution
     assert rel_err(X, X64) < _wedin_bound(Ad, Bd, X64, cond)
+    res64 = (Ad @ X64 - Bd).square().sum(dim=-2)  # ||A x - b||^2 per column
+    assert rel_err(res, res64) < 100 * m * U32 * cond  # a difference of near-equal squares
 
 
-def test_lstsq_rank_deficient_reports_info():
+def test_lstsq_rank_deficient_reports_rank():
     K = _kernel()
     A = torch.randn(3, 20, 5)
     A[1, :, 3] = 2 * A[1, :, 1]  # exactly dependent (2x is exact in fp32)
     A[2] = 0.0
     B = torch.randn(3, 20, 1)
-    out = (poison_(torch.empty(3, 5, 1, device=DEVICE)),
-           torch.full((3,), -7, dtype=torch.int32, device=DEVICE))
-    X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), config=_config(), out=out)
-    assert X is out[0] and info is out[1]
-    assert info.cpu().tolist() == [0, 3 + 1, 0 + 1]  # the dependent column; the first one
+    X, res, rank, sv = K.lstsq(A.to(DEVICE), B.to(DEVICE))
+    assert rank.dtype == torch.int64 and rank.cpu().tolist() == [5, 4, 0]
     assert torch.isfinite(X[0]).all() and torch.isnan(X[1:]).all()  # never silently wrong
+    assert torch.isfinite(res[0]).all() and torch.isnan(res[1:]).all() and sv.numel() == 0
 
 
-def test_lstsq_rtol():
-    """info > 0 when some |R_jj| <= rtol max_i |R_ii|: a matrix with cond 1e5 passes the default
-    rtol = max(m, n) u, and is reported at the first j below a larger rtol (R from float64 QR)."""
+def test_lstsq_rcond():
+    """rank counts the |R_jj| > rcond max_i |R_ii|: a matrix with cond 1e5 is full rank at the
+    default rcond = max(m, n) eps, and loses the R_jj below a larger rcond (R from float64 QR)."""
     K = _kernel()
     m, n = 20, 6
     rng = np.random.default_rng(11)
@@ -429,103 +419,455 @@ def test_lstsq_rtol():
     B = torch.from_numpy(rng.standard_normal((3, m, 1))).float()
     d = torch.linalg.qr(A.double()).R.diagonal(dim1=-2, dim2=-1).abs()
     ratio = d / d.max(dim=-1, keepdim=True).values  # |R_jj| / max_i |R_ii|
-    X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), config=_config())
-    assert (ratio > m * U32).all() and (info == 0).all() and torch.isfinite(X).all()
-    for rtol in (1e-3, 0.5):
+    X, _, rank, _ = K.lstsq(A.to(DEVICE), B.to(DEVICE))
+    assert (ratio > m * 2 * U32).all() and (rank == n).all() and torch.isfinite(X).all()
+    for rcond in (1e-3, 0.5):
         # fp32 moves |R_jj| / max by about u ||A|| / |R_jj| (relative): keep clear of the edge
-        assert ((ratio / rtol - 1).abs() > 1e-2).all()
-        small = ratio <= rtol
-        expected = torch.where(small.any(dim=-1), small.int().argmax(dim=-1) + 1, 0)
-        X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), rtol=rtol, config=_config())
-        assert torch.equal(info.cpu(), expected.int()) and (expected > 0).all()
+        assert ((ratio / rcond - 1).abs() > 1e-2).all()
+        expected = n - (ratio <= rcond).sum(dim=-1)
+        X, _, rank, _ = K.lstsq(A.to(DEVICE), B.to(DEVICE), rcond=rcond)
+        assert torch.equal(rank.cpu(), expected) and (expected < n).all()
         assert torch.isnan(X).all()
-    _, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), rtol=0.0, config=_config())
-    assert (info == 0).all()  # only an exactly zero R_jj is too small
+    _, _, rank, _ = K.lstsq(A.to(DEVICE), B.to(DEVICE), rcond=0.0)
+    assert (rank == n).all()  # only an exactly zero R_jj is too small
 
 
 def test_lstsq_nan_in_a_is_reported():
-    """A NaN in A gives a NaN R_jj from its column j on: info is j + 1 (no smaller R_ii before)
-    and X is all NaN, also for n = 1 and a NaN below the diagonal, where no later column would
-    carry it. A NaN in B alone is no fault of A: info 0, NaN only in that right-hand side."""
+    """A NaN in A gives a NaN R_jj from its column j on: rank is at most j and the solution is all
+    NaN, also for n = 1 and a NaN below the diagonal, where no later column would carry it. A NaN
+    in B alone is no fault of A: full rank, NaN only in that right-hand side."""
     K = _kernel()
     for n, (i, j) in ((5, (7, 3)), (5, (0, 0)), (5, (12, 4)), (1, (9, 0))):
         A = torch.randn(2, 20, n, generator=torch.Generator().manual_seed(n + i))
         A[1, i, j] = float("nan")
-        X, info = K.lstsq(A.to(DEVICE), torch.randn(2, 20, 2).to(DEVICE), config=_config())
-        assert info.cpu().tolist() == [0, j + 1], (n, i, j)
+        X, _, rank, _ = K.lstsq(A.to(DEVICE), torch.randn(2, 20, 2).to(DEVICE))
+        assert rank[0].item() == n and rank[1].item() <= j, (n, i, j)
         assert torch.isfinite(X[0]).all() and torch.isnan(X[1]).all()
     A = torch.randn(20, 5)
     B = torch.randn(20, 2)
     B[3, 1] = float("nan")
-    X, info = K.lstsq(A.to(DEVICE), B.to(DEVICE), config=_config())
-    assert info.item() == 0 and torch.isfinite(X[:, 0]).all() and torch.isnan(X[:, 1]).all()
+    X, _, rank, _ = K.lstsq(A.to(DEVICE), B.to(DEVICE))
+    assert rank.item() == 5 and torch.isfinite(X[:, 0]).all() and torch.isnan(X[:, 1]).all()
 
 
 def test_batch_elements_are_independent_and_batch_shapes():
     K = _kernel()
     A = torch.randn(2, 3, 9, 6)
     A[0, 1] = float("nan")  # one bad matrix must not leak into its neighbours
-    Q, R = K.qr(A.to(DEVICE), config=_config())
+    Q, R = K.qr(A.to(DEVICE))
     assert Q.shape == (2, 3, 9, 6) and R.shape == (2, 3, 6, 6)
     assert torch.isnan(R[0, 1]).any()
     assert torch.isfinite(R[0, 0]).all() and torch.isfinite(R[1]).all()
-    q1, r1 = K.qr(A[1, 2].to(DEVICE), config=_config())
+    q1, r1 = K.qr(A[1, 2].to(DEVICE))
     assert torch.equal(r1, R[1, 2]) and torch.equal(q1, Q[1, 2])
-    LU, piv, info = K.lu_factor(torch.empty(0, 5, 5, device=DEVICE), config=_config())
+    LU, piv, info = K.lu_factor_ex(torch.empty(0, 5, 5, device=DEVICE))
     assert LU.shape == (0, 5, 5) and piv.shape == (0, 5) and info.shape == (0,)
 
 
-def test_refusals():
+# ---------------------------------------------------------------------------------------------
+# Drop-in ops: torch.linalg's return types, custom operators, compile, fake tensors, gradients
+
+def test_torch_return_types():
     K = _kernel()
-    A = torch.randn(2, 4, 4, device=DEVICE)
-    with pytest.raises(TypeError, match="A must have dtype in \\(float32\\), got float64"):
-        K.lu_factor(A.double())
-    with pytest.raises(TypeError, match="A must be a torch.Tensor"):
-        K.qr(A.cpu().numpy())
-    with pytest.raises(ValueError, match="A must be square"):
-        K.lu_factor(torch.randn(4, 5, device=DEVICE))
-    with pytest.raises(ValueError, match="1 <= n <= 64, got shape \\(65, 65\\)"):
-        K.lu_factor(torch.randn(65, 65, device=DEVICE))
-    with pytest.raises(ValueError, match="1 <= m <= 256"):
-        K.qr(torch.randn(257, 4, device=DEVICE))
-    with pytest.raises(ValueError, match="at least 2 dimensions"):
-        K.qr(torch.randn(4, device=DEVICE))
-    with pytest.raises(ValueError, match="mode must be 'reduced' or 'r'"):
-        K.qr(A, mode="complete")
-    with pytest.raises(ValueError, match="A must be tall"):
-        K.lstsq(torch.randn(3, 5, device=DEVICE), torch.randn(3, 1, device=DEVICE))
-    with pytest.raises(ValueError, match="B must be \\[..., 4, k\\]"):
-        K.lstsq(A, torch.randn(2, 5, 1, device=DEVICE))
-    with pytest.raises(TypeError, match="pivots must have dtype in \\(int32\\)"):
-        K.lu_solve(A, torch.ones(2, 4, dtype=torch.int64, device=DEVICE), A)
-    with pytest.raises(ValueError, match="LU must have shape \\(2, 4, 4\\)"):
-        K.lu_factor(A, out=(torch.empty(4, 4, device=DEVICE), torch.empty(2, 4, dtype=torch.int32,
-                                                                           device=DEVICE),
-                            torch.empty(2, dtype=torch.int32, device=DEVICE)))
-    piv = torch.ones(2, 4, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="B must be \\[..., 4, k\\] with batch \\(2,\\)"):
-        K.lu_solve(A, piv, torch.randn(3, 4, 1, device=DEVICE))
-    with pytest.raises(ValueError, match="pivots must have shape \\(2, 4\\)"):
-        K.lu_solve(A, piv[:, :3], A)
-    C = torch.randn(2, 6, 4, device=DEVICE)  # a tall batch for qr and lstsq
-    R, X = torch.empty(2, 4, 4, device=DEVICE), torch.empty(2, 4, 1, device=DEVICE)
-    info = torch.empty(2, dtype=torch.int32, device=DEVICE)
-    elsewhere = {
-        "B": lambda: K.lu_solve(A, piv, A.to(OTHER)),
-        "pivots": lambda: K.lu_solve(A, piv.to(OTHER), A),
-        "Q": lambda: K.qr(C, out=(C.to(OTHER), R)),
-        "R": lambda: K.qr(C, mode="r", out=(None, R.to(OTHER))),
-        "X": lambda: K.lstsq(C, C[..., :1], out=(X.to(OTHER), info)),
-        "info": lambda: K.lstsq(C, C[..., :1], out=(X, info.to(OTHER))),
+    A = torch.randn(2, 5, 5, device=DEVICE) + 3 * torch.eye(5, device=DEVICE)
+    LU, pivots = K.lu_factor(A)  # two values, as torch.linalg.lu_factor
+    assert K.lu_factor(A)._fields == ("LU", "pivots")
+    assert K.lu_factor_ex(A)._fields == ("LU", "pivots", "info")
+    assert pivots.dtype == torch.int32 and K.lu_factor_ex(A).info.dtype == torch.int32
+    assert K.qr(A)._fields == ("Q", "R") and K.qr(A, mode="r").Q.numel() == 0
+    assert K.qr(A, mode="complete").Q.shape == (2, 5, 5)
+    out = K.lstsq(A, A[..., :2])
+    assert out._fields == ("solution", "residuals", "rank", "singular_values")
+    assert out.residuals.numel() == 0  # m = n: empty, as torch
+
+
+def _op_args():
+    """Tiny inputs for each custom operator (the interpreter is slow), requiring grad."""
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(2, 4, 4, generator=g) + 2 * torch.eye(4)
+    LU, piv = torch.linalg.lu_factor(A)
+    A2, B2 = torch.randn(2, 6, 3, generator=g), torch.randn(2, 6, 2, generator=g)
+    d = lambda t: t.to(DEVICE).requires_grad_()  # noqa: E731
+    return {
+        "lu_factor_ex": (d(A), False),
+        "lu_solve": (d(LU), piv.to(DEVICE), d(torch.randn(2, 4, 2, generator=g))),
+        "qr": (d(A2), "reduced"),
+        "qr_r": (d(A2), "r"),
+        "lstsq": (d(A2), d(B2), 1e-5),
     }
-    for name, call in elsewhere.items():
-        with pytest.raises(ValueError, match=f"{name} is on {OTHER}, expected"):
-            call()
-    for bad in (float("nan"), -1e-3, float("inf")):
-        with pytest.raises(ValueError, match="rtol must be a finite number >= 0"):
-            K.lstsq(C, C[..., :1], rtol=bad)
-    with pytest.raises(TypeError, match="rtol must be a real number, got str"):
-        K.lstsq(C, C[..., :1], rtol="1e-3")
+
+
+@pytest.mark.parametrize("name", ["lu_factor_ex", "lu_solve", "qr", "qr_r", "lstsq"])
+def test_opcheck(name):
+    op = getattr(torch.ops.kernelnotes, name.removesuffix("_r")).default
+    _kernel()  # registers the operators
+    torch.library.opcheck(op, _op_args()[name])
+
+
+def _public_calls(K):
+    """One function of each public op, the inputs it takes, and torch.linalg's counterpart."""
+    g = torch.Generator().manual_seed(1)
+    A = torch.randn(2, 5, 5, generator=g) + 3 * torch.eye(5)
+    A2, B2 = torch.randn(2, 7, 3, generator=g), torch.randn(2, 7, 2, generator=g)
+    LU, piv = torch.linalg.lu_factor(A)
+    B = torch.randn(2, 5, 2, generator=g)
+    return {
+        "lu_factor": (lambda A: K.lu_factor(A).LU, lambda A: torch.linalg.lu_factor(A).LU, (A,)),
+        "lu_factor_ex": (lambda A: K.lu_factor_ex(A).LU,
+                         lambda A: torch.linalg.lu_factor_ex(A).LU, (A,)),
+        "lu_solve": (lambda LU, B: K.lu_solve(LU, piv.to(LU.device), B),
+                     lambda LU, B: torch.linalg.lu_solve(LU, piv.to(LU.device), B), (LU, B)),
+        "qr": (lambda A: _stack_qr(K.qr(A)), lambda A: _stack_qr(torch.linalg.qr(A)), (A2,)),
+        "qr_r": (lambda A: K.qr(A, mode="r").R, lambda A: torch.linalg.qr(A).R, (A2,)),
+        "lstsq": (lambda A, B: K.lstsq(A, B).solution,
+                  lambda A, B: torch.linalg.lstsq(A, B).solution, (A2, B2)),
+        "lstsq_residuals": (lambda A, B: K.lstsq(A, B).residuals,
+                            lambda A, B: torch.linalg.lstsq(A, B, driver="gelsd").residuals,
+                            (A2, B2)),
+    }
+
+
+OPS = ["lu_factor", "lu_factor_ex", "lu_solve", "qr", "qr_r", "lstsq", "lstsq_residuals"]
+
+
+def _stack_qr(qr):
+    """Q [..., m, p] over R^T [..., n, p]: both factors in one tensor."""
+    return torch.cat([qr.Q, qr.R.mT], dim=-2)
+
+
+@pytest.mark.parametrize("name", ["lu_factor", "lu_solve", "qr", "lstsq"])
+def test_compile_fullgraph_aot_eager(name):
+    """torch.compile(fullgraph=True) of a function calling the public op gives eager's result
+    (aot_eager: the graph is traced through the fake implementations, the kernel runs as is)."""
+    ours, _, args = _public_calls(_kernel())[name]
+    args = tuple(a.to(DEVICE) for a in args)
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(*args), ours(*args))
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", OPS)
+def test_compile_inductor(name):
+    ours, _, args = _public_calls(_kernel())[name]
+    args = tuple(a.to(DEVICE) for a in args)
+    compiled = torch.compile(ours, fullgraph=True)
+    assert torch.equal(compiled(*args), ours(*args))
+    torch._dynamo.reset()
+
+
+def test_fake_tensor_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    K = _kernel()
+    with FakeTensorMode():
+        A = torch.empty(3, 2, 6, 6, device=DEVICE)
+        T, B = torch.empty(3, 40, 13, device=DEVICE), torch.empty(3, 40, 2, device=DEVICE)
+        LU, pivots, info = K.lu_factor_ex(A)
+        assert (LU.shape, pivots.shape, info.shape) == ((3, 2, 6, 6), (3, 2, 6), (3, 2))
+        assert pivots.dtype == info.dtype == torch.int32
+        assert K.lu_factor(A).pivots.shape == (3, 2, 6)
+        assert K.lu_solve(LU, pivots, A[..., :2]).shape == (3, 2, 6, 2)
+        Q, R = K.qr(T)
+        assert (Q.shape, R.shape, Q.dtype) == ((3, 40, 13), (3, 13, 13), torch.float32)
+        assert K.qr(T.mT).R.shape == (3, 13, 40) and K.qr(T, mode="r").Q.shape == (0,)
+        X, res, rank, sv = K.lstsq(T, B)
+        assert (X.shape, res.shape, rank.shape, sv.shape) == ((3, 13, 2), (3, 2), (3,), (0,))
+        assert rank.dtype == torch.int64
+        assert K.lstsq(T, B[..., 0]).solution.shape == (3, 13)
+
+
+# fp32 kernels against float64 torch autograd: the gradients go through triangular solves with
+# R or U, so their relative error is about n u cond(A); these inputs have cond(A) < 10, and
+# 1e-4 (about 100 n u at n <= 7) leaves room for the sums over the batch.
+GRAD_RTOL = 1e-4
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_gradients_against_float64_autograd(name):
+    ours, theirs, args = _public_calls(_kernel())[name]
+    xs = [a.to(DEVICE).requires_grad_() for a in args]
+    x64 = [a.double().requires_grad_() for a in args]
+    out = ours(*xs)
+    ref = theirs(*x64)
+    w = torch.randn(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad((out.double().cpu() * w).sum(), xs)
+    want = torch.autograd.grad((ref * w).sum(), x64)
+    for g, r in zip(got, want, strict=True):
+        assert rel_err(g, r) < GRAD_RTOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,shape", [("lu_factor", (4096, 32, 32)), ("lu_solve", (4096, 32, 4)),
+                                        ("qr", (4096, 64, 16)), ("lstsq", (4096, 64, 16))])
+def test_gradients_full_size_gpu(name, shape):
+    K = _kernel()
+    batch, m, n = shape
+    g = torch.Generator("cuda").manual_seed(3)
+    A = torch.randn(batch, m, n if name in ("qr", "lstsq") else m, device="cuda", generator=g)
+    if name in ("lu_factor", "lu_solve"):
+        A = A + m**0.5 * torch.eye(m, device="cuda")
+    B = torch.randn(batch, m, 4 if name == "lu_solve" else 2, device="cuda", generator=g)
+    LU, piv = torch.linalg.lu_factor(A)
+    calls = {
+        "lu_factor": (lambda A: K.lu_factor(A).LU, lambda A: torch.linalg.lu_factor(A).LU, [A]),
+        "lu_solve": (lambda LU, B: K.lu_solve(LU, piv, B),
+                     lambda LU, B: torch.linalg.lu_solve(LU, piv, B), [LU, B]),
+        "qr": (lambda A: K.qr(A).R, lambda A: torch.linalg.qr(A).R, [A]),
+        "lstsq": (lambda A, B: K.lstsq(A, B).solution,
+                  lambda A, B: torch.linalg.lstsq(A, B).solution, [A, B]),
+    }
+    ours, theirs, args = calls[name]
+    xs = [a.clone().requires_grad_() for a in args]
+    x64 = [a.double().requires_grad_() for a in args]
+    out, ref = ours(*xs), theirs(*x64)
+    w = torch.randn(ref.shape, dtype=torch.float64, device="cuda", generator=g)
+    got = torch.autograd.grad((out.double() * w).sum(), xs)
+    want = torch.autograd.grad((ref * w).sum(), x64)
+    for gr, r in zip(got, want, strict=True):
+        assert rel_err(gr, r) < 1e-3  # n <= 64, cond(A) ~ 10 for these random shapes
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: each row is handled as torch handles it, or refused with an error naming the argument
+
+def _raises(exc, match, call):
+    def case(K):
+        with pytest.raises(exc, match=match):
+            call(K)
+    return case
+
+
+def _as_torch(ours, theirs, fields, atol=1e-4):
+    """ours(K) equals theirs() (torch.linalg on the same fp32 CPU input): same fields, shapes,
+    dtypes, NaN placement per batch element, values within atol."""
+    def case(K):
+        got, want = ours(K), theirs()
+        assert tuple(getattr(got, "_fields", ())) == fields
+        for f in fields:
+            g, w = getattr(got, f).cpu(), getattr(want, f)
+            assert g.shape == w.shape and g.dtype == w.dtype, f
+            bad = ~torch.isfinite(w.double())
+            assert torch.equal(~torch.isfinite(g.double()), bad), f
+            assert torch.allclose(g[~bad].double(), w[~bad].double(), rtol=0, atol=atol), f
+    return case
+
+
+def _nan_as_torch(ours, theirs, fields):
+    """A NaN in batch element 1: there ours and torch's results both hold a NaN (where exactly
+    depends on the order of operations); element 0 is as torch's."""
+    def case(K):
+        got, want = ours(K), theirs()
+        assert tuple(getattr(got, "_fields", ())) == fields
+        for f in fields:
+            g, w = getattr(got, f).cpu(), getattr(want, f)
+            assert g.shape == w.shape and g.dtype == w.dtype, f
+            if g.is_floating_point():
+                assert g[1].isnan().any() and w[1].isnan().any(), f
+            assert torch.allclose(g[0].double(), w[0].double(), rtol=0, atol=1e-4), f
+    return case
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(4)
+    A = torch.randn(2, 4, 4, generator=g) + 2 * torch.eye(4)
+    T = torch.randn(2, 6, 3, generator=g)
+    B = torch.randn(2, 4, 2, generator=g)
+    C = torch.randn(2, 6, 2, generator=g)
+    return A, T, B, C
+
+
+A_, T_, B_, C_ = _inputs()
+LU_, PIV_ = torch.linalg.lu_factor(A_)
+D = DEVICE
+NAN_A = A_.clone()
+NAN_A[1, 2, 1] = float("nan")
+NAN_T = T_.clone()
+NAN_T[1, 0, 0] = float("nan")
+NAN_B = B_.clone()
+NAN_B[0, 1, 1] = float("nan")
+NAN_C = C_.clone()
+NAN_C[0, 1, 1] = float("nan")
+SING = A_.clone()
+SING[1, :, 2] = 0.0
+LUF, LUFX = ("LU", "pivots"), ("LU", "pivots", "info")
+LS = ("solution", "residuals")
+
+
+def _lu_ex(K, A, **kw):
+    return K.lu_factor_ex(A.to(D), **kw)
+
+
+def _ls(out):  # torch's gels result with our lstsq's compared fields
+    return type("R", (), {"solution": out.solution, "residuals": out.residuals})
+
+
+def _ls_ours(K, *a, **kw):
+    out = K.lstsq(*(t.to(D) for t in a), **kw)
+    return type("R", (), {"_fields": LS, "solution": out.solution, "residuals": out.residuals})
+
+
+def _nan_column(K):
+    """A NaN in B[0, 1, 1]: torch's gels (MKL) stops with an internal assert there; ours gives NaN
+    in that right-hand side only (solution and residual), and torch's values everywhere else."""
+    got = K.lstsq(T_.to(D), NAN_C.to(D))
+    want = torch.linalg.lstsq(T_, C_, driver="gels")
+    for f in LS:
+        g, w = getattr(got, f).cpu(), getattr(want, f)
+        nan = torch.zeros_like(g, dtype=torch.bool)
+        nan[0, ..., 1] = True
+        assert torch.equal(g.isnan(), nan), f
+        assert torch.allclose(g[~nan], w[~nan], rtol=0, atol=1e-4), f
+
+
+BAD_INPUTS = [
+    # lu_factor
+    ("lu_factor", "wrong dtype (float64)", _raises(TypeError, "A", lambda K: K.lu_factor(
+        A_.double().to(D)))),
+    ("lu_factor", "wrong dtype (int64)", _raises(TypeError, "A", lambda K: K.lu_factor(
+        A_.long().to(D)))),
+    ("lu_factor", "not a tensor", _raises(TypeError, "A", lambda K: K.lu_factor(A_.numpy()))),
+    ("lu_factor", "wrong rank (1-D)", _raises(ValueError, "A", lambda K: K.lu_factor(
+        A_[0, 0].to(D)))),
+    ("lu_factor", "not square", _raises(ValueError, "A", lambda K: K.lu_factor(T_.to(D)))),
+    ("lu_factor", "n > 64", _raises(ValueError, "A", lambda K: K.lu_factor(
+        torch.randn(65, 65, device=D)))),
+    ("lu_factor", "empty matrix (0 x 0)", _raises(ValueError, "A", lambda K: K.lu_factor(
+        torch.empty(2, 0, 0, device=D)))),
+    ("lu_factor", "empty batch", _as_torch(lambda K: K.lu_factor(A_[:0].to(D)),
+                                           lambda: torch.linalg.lu_factor(A_[:0]), LUF)),
+    ("lu_factor", "non-contiguous", _as_torch(lambda K: K.lu_factor(A_.mT.to(D)),
+                                              lambda: torch.linalg.lu_factor(A_.mT), LUF)),
+    ("lu_factor", "wrong device", _raises(ValueError, "A", lambda K: K.lu_factor(
+        A_.to(OTHER)))),
+    ("lu_factor", "singular", _raises(RuntimeError, "is zero", lambda K: K.lu_factor(
+        SING.to(D)))),
+    ("lu_factor", "non-bool pivot", _raises(TypeError, "pivot", lambda K: K.lu_factor(
+        A_.to(D), pivot="yes"))),
+    ("lu_factor", "pivot=False", _raises(ValueError, "pivot", lambda K: K.lu_factor(
+        A_.to(D), pivot=False))),
+    # lu_factor_ex
+    ("lu_factor_ex", "wrong dtype (float16)", _raises(TypeError, "A", lambda K: _lu_ex(
+        K, A_.half()))),
+    ("lu_factor_ex", "wrong rank (1-D)", _raises(ValueError, "A", lambda K: _lu_ex(K, A_[0, 0]))),
+    ("lu_factor_ex", "not square", _raises(ValueError, "A", lambda K: _lu_ex(K, T_))),
+    ("lu_factor_ex", "empty batch", _as_torch(lambda K: _lu_ex(K, A_[:0]),
+                                              lambda: torch.linalg.lu_factor_ex(A_[:0]), LUFX)),
+    ("lu_factor_ex", "non-contiguous", _as_torch(lambda K: _lu_ex(K, A_.mT),
+                                                 lambda: torch.linalg.lu_factor_ex(A_.mT), LUFX)),
+    ("lu_factor_ex", "NaN in A", _nan_as_torch(lambda K: _lu_ex(K, NAN_A),
+                                               lambda: torch.linalg.lu_factor_ex(NAN_A), LUFX)),
+    ("lu_factor_ex", "singular: info", _as_torch(lambda K: _lu_ex(K, SING),
+                                                 lambda: torch.linalg.lu_factor_ex(SING), LUFX)),
+    ("lu_factor_ex", "wrong device", _raises(ValueError, "A", lambda K: K.lu_factor_ex(
+        A_.to(OTHER)))),
+    ("lu_factor_ex", "non-bool check_errors", _raises(TypeError, "check_errors", lambda K: _lu_ex(
+        K, A_, check_errors="no"))),
+    ("lu_factor_ex", "non-bool pivot", _raises(TypeError, "pivot", lambda K: _lu_ex(
+        K, A_, pivot=1))),
+    # lu_solve
+    ("lu_solve", "wrong dtype B (float64)", _raises(TypeError, "B", lambda K: K.lu_solve(
+        LU_.to(D), PIV_.to(D), B_.double().to(D)))),
+    ("lu_solve", "wrong dtype pivots (int64)", _raises(TypeError, "pivots", lambda K: K.lu_solve(
+        LU_.to(D), PIV_.long().to(D), B_.to(D)))),
+    ("lu_solve", "wrong rank B (1-D)", _raises(ValueError, "B", lambda K: K.lu_solve(
+        LU_.to(D), PIV_.to(D), B_[0, :, 0].to(D)))),
+    ("lu_solve", "mismatched n", _raises(ValueError, "B", lambda K: K.lu_solve(
+        LU_.to(D), PIV_.to(D), C_.to(D)))),
+    ("lu_solve", "mismatched pivots", _raises(ValueError, "pivots", lambda K: K.lu_solve(
+        LU_.to(D), PIV_[:, :3].to(D), B_.to(D)))),
+    ("lu_solve", "broadcast batch", _as_torch(
+        lambda K: type("X", (), {"_fields": ("X",), "X": K.lu_solve(
+            LU_[:1].to(D), PIV_[:1].to(D), B_.to(D))}),
+        lambda: type("X", (), {"X": torch.linalg.lu_solve(LU_[:1], PIV_[:1], B_)}), ("X",))),
+    ("lu_solve", "non-contiguous B", _as_torch(
+        lambda K: type("X", (), {"_fields": ("X",), "X": K.lu_solve(
+            LU_.to(D), PIV_.to(D), B_.mT.contiguous().mT.to(D)[..., :1])}),
+        lambda: type("X", (), {"X": torch.linalg.lu_solve(LU_, PIV_, B_[..., :1])}), ("X",))),
+    ("lu_solve", "NaN in B", _as_torch(
+        lambda K: type("X", (), {"_fields": ("X",), "X": K.lu_solve(
+            LU_.to(D), PIV_.to(D), NAN_B.to(D))}),
+        lambda: type("X", (), {"X": torch.linalg.lu_solve(LU_, PIV_, NAN_B)}), ("X",))),
+    ("lu_solve", "wrong device", _raises(ValueError, "B", lambda K: K.lu_solve(
+        LU_.to(D), PIV_.to(D), B_.to(OTHER)))),
+    ("lu_solve", "left=False", _raises(ValueError, "left", lambda K: K.lu_solve(
+        LU_.to(D), PIV_.to(D), B_.to(D), left=False))),
+    ("lu_solve", "adjoint=True", _raises(ValueError, "adjoint", lambda K: K.lu_solve(
+        LU_.to(D), PIV_.to(D), B_.to(D), adjoint=True))),
+    ("lu_solve", "non-bool left", _raises(TypeError, "left", lambda K: K.lu_solve(
+        LU_.to(D), PIV_.to(D), B_.to(D), left="x"))),
+    # qr
+    ("qr", "wrong dtype (float64)", _raises(TypeError, "A", lambda K: K.qr(T_.double().to(D)))),
+    ("qr", "wrong rank (1-D)", _raises(ValueError, "A", lambda K: K.qr(T_[0, 0].to(D)))),
+    ("qr", "m > 256", _raises(ValueError, "A", lambda K: K.qr(torch.randn(257, 3, device=D)))),
+    ("qr", "empty matrix (0 rows)", _raises(ValueError, "A", lambda K: K.qr(
+        torch.empty(2, 0, 3, device=D)))),
+    ("qr", "empty batch", _as_torch(lambda K: K.qr(T_[:0].to(D)),
+                                    lambda: torch.linalg.qr(T_[:0]), ("Q", "R"))),
+    ("qr", "non-contiguous (wide)", _as_torch(lambda K: K.qr(T_.mT.to(D)),
+                                              lambda: torch.linalg.qr(T_.mT), ("Q", "R"))),
+    ("qr", "NaN in A", _nan_as_torch(lambda K: K.qr(NAN_T.to(D)),
+                                     lambda: torch.linalg.qr(NAN_T), ("Q", "R"))),
+    ("qr", "wrong device", _raises(ValueError, "A", lambda K: K.qr(T_.to(OTHER)))),
+    ("qr", "invalid mode", _raises(ValueError, "mode", lambda K: K.qr(T_.to(D), mode="full"))),
+    ("qr", "non-str mode", _raises(TypeError, "mode", lambda K: K.qr(T_.to(D), mode=1))),
+    ("qr", "mode='complete', tall A", _raises(ValueError, "mode", lambda K: K.qr(
+        T_.to(D), mode="complete"))),
+    ("qr", "mode='complete', wide A", _as_torch(lambda K: K.qr(T_.mT.to(D), mode="complete"),
+                                                lambda: torch.linalg.qr(T_.mT, mode="complete"),
+                                                ("Q", "R"))),
+    ("qr", "mode='r'", _as_torch(lambda K: K.qr(T_.to(D), mode="r"),
+                                 lambda: torch.linalg.qr(T_, mode="r"), ("Q", "R"))),
+    # lstsq
+    ("lstsq", "wrong dtype (float64)", _raises(TypeError, "A", lambda K: K.lstsq(
+        T_.double().to(D), C_.double().to(D)))),
+    ("lstsq", "mixed dtypes", _raises(TypeError, "B", lambda K: K.lstsq(
+        T_.to(D), C_.double().to(D)))),
+    ("lstsq", "wrong rank (1-D A)", _raises(ValueError, "A", lambda K: K.lstsq(
+        T_[0, 0].to(D), C_[0, 0].to(D)))),
+    ("lstsq", "mismatched rows", _raises(ValueError, "B", lambda K: K.lstsq(
+        T_.to(D), B_.to(D)))),
+    ("lstsq", "wide A", _raises(ValueError, "A", lambda K: K.lstsq(
+        T_.mT.to(D), torch.randn(2, 3, 1, device=D)))),
+    ("lstsq", "empty batch", _as_torch(lambda K: _ls_ours(K, T_[:0], C_[:0]),
+                                       lambda: _ls(torch.linalg.lstsq(T_[:0], C_[:0],
+                                                                      driver="gels")), LS)),
+    ("lstsq", "non-contiguous", _as_torch(lambda K: _ls_ours(K, T_.mT.contiguous().mT, C_),
+                                          lambda: _ls(torch.linalg.lstsq(T_, C_, driver="gels")),
+                                          LS)),
+    ("lstsq", "B a vector", _as_torch(lambda K: _ls_ours(K, T_, C_[..., 0]),
+                                      lambda: _ls(torch.linalg.lstsq(T_, C_[..., 0],
+                                                                     driver="gels")), LS)),
+    ("lstsq", "broadcast batch", _as_torch(lambda K: _ls_ours(K, T_[:1], C_),
+                                           lambda: _ls(torch.linalg.lstsq(T_[:1], C_,
+                                                                          driver="gels")), LS)),
+    ("lstsq", "NaN in B", _nan_column),
+    ("lstsq", "wrong device", _raises(ValueError, "B", lambda K: K.lstsq(
+        T_.to(D), C_.to(OTHER)))),
+    ("lstsq", "non-finite rcond", _raises(ValueError, "rcond", lambda K: K.lstsq(
+        T_.to(D), C_.to(D), rcond=float("nan")))),
+    ("lstsq", "negative rcond", _raises(ValueError, "rcond", lambda K: K.lstsq(
+        T_.to(D), C_.to(D), rcond=-1.0))),
+    ("lstsq", "non-number rcond", _raises(TypeError, "rcond", lambda K: K.lstsq(
+        T_.to(D), C_.to(D), rcond="1e-3"))),
+    ("lstsq", "invalid driver", _raises(ValueError, "driver", lambda K: K.lstsq(
+        T_.to(D), C_.to(D), driver="gelsd"))),
+]
+
+
+@pytest.mark.parametrize("fn,kind,case", BAD_INPUTS, ids=[f"{f}: {k}" for f, k, _ in BAD_INPUTS])
+def test_bad_input(fn, kind, case):
+    case(_kernel())
+
+
+def test_bad_input_table_covers_every_public_function():
+    import kernelnotes.linalg as linalg
+
+    kinds = {}
+    for fn, kind, _ in BAD_INPUTS:
+        kinds.setdefault(fn, set()).add(kind)
+    ops = {n for n in linalg.__all__ if n[0].islower()}
+    assert ops == set(kinds) and all(len(k) >= 8 for k in kinds.values())
 
 
 @pytest.mark.gpu
@@ -540,13 +882,13 @@ def test_refuses_cpu_tensors_on_gpu():
                                       ("lu", (65536, 16, 16)), ("qr", (256, 256, 64)),
                                       ("qr", (65536, 16, 16)), ("lstsq", (65536, 64, 16))])
 def test_full_size_autotuned(op, shape):
-    """The issue's sizes through the autotuned path (config=None)."""
+    """The issue's sizes through the public ops (autotuned launches)."""
     K = _kernel()
     batch, m, n = shape
     g = torch.Generator("cuda").manual_seed(m + n)
     A = torch.randn(batch, m, n, device="cuda", generator=g)
     if op == "lu":
-        LU, piv, info = K.lu_factor(A)
+        LU, piv, info = K.lu_factor_ex(A)
         L, U = _unpack(LU)
         assert rel_err(L @ U, _perm_rows(A, piv)) < 10 * n * U32 and (info == 0).all()
     elif op == "qr":
@@ -556,11 +898,11 @@ def test_full_size_autotuned(op, shape):
         assert (Q.double().mT @ Q.double() - eye).flatten(1).norm(dim=1).max() < 10 * n * U32
     else:
         B = torch.randn(batch, m, 1, device="cuda")
-        X, info = K.lstsq(A, B)
+        X, _, rank, _ = K.lstsq(A, B)
         Ad, Bd = A.double(), B.double()
         X64 = torch.linalg.lstsq(Ad, Bd).solution
         cond = torch.linalg.cond(Ad).max().item()
-        assert (info == 0).all() and rel_err(X, X64) < _wedin_bound(Ad, Bd, X64, cond)
+        assert (rank == n).all() and rel_err(X, X64) < _wedin_bound(Ad, Bd, X64, cond)
 
 
 def _wedin_bound(A, B, X, cond: float) -> float:

@@ -12,11 +12,14 @@ and one warp shared by 32 // NP matrices (MATS), so column k is a register and n
 reduction. The whole-tile LU kernel also takes MATS > 1 (an [NP, MATS, NP] tile, every reduction
 along one matrix's own axes), but only from an explicit config.
 
-Order: the jit helpers and kernels, then the torch-facing launchers ``lu_factor``, ``lu_solve``,
-``qr`` and ``lstsq``.
+Order: the jit helpers and kernels, their launchers, the ``kernelnotes::`` custom operators with
+their fake implementations and backward formulas, and the public functions with torch.linalg's
+signatures and return types: ``lu_factor``, ``lu_factor_ex``, ``lu_solve``, ``qr`` and ``lstsq``.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -29,7 +32,7 @@ from kernelnotes._validate import check_kernel_device, check_real, check_tensor,
 MAX_N = 64  # columns (and rows of square inputs); the tile is next_pow2(n) wide
 MAX_M = 256  # rows of qr / lstsq inputs
 MAX_K = 64  # right-hand sides of lu_solve / lstsq
-U_FP32 = 2.0**-24  # unit roundoff of float32
+EPS_FP32 = 2.0**-23  # float32's machine epsilon (torch.finfo): lstsq's rcond is max(m, n) eps
 
 # Autotuning chooses how many warps share one matrix's tile (and, for LU, how many matrices a
 # program holds); configs that would leave a thread fewer than 4 or more than 32 tile elements
@@ -293,12 +296,14 @@ def _qr_kernel(
 def _lstsq_kernel(
     a_ptr,  # *fp32 [B, m, n], m >= n
     b_ptr,  # *fp32 [B, m, K]
-    x_ptr,  # *fp32 [B, n, K] output (NaN where info > 0)
-    info_ptr,  # *int32 [B] output: 0, or i > 0 when |R_ii| <= tol max_j |R_jj| or R_ii is NaN
+    x_ptr,  # *fp32 [B, n, K] output (NaN where rank < n)
+    res_ptr,  # *fp32 [B, K] output: ||A x - b||^2 per column (if WANT_RES; NaN where rank < n)
+    rank_ptr,  # *int64 [B] output: the number of R_jj with |R_jj| > tol max_i |R_ii|
     m,
     n,
     K,
-    tol,  # relative threshold on the diagonal of R for "rank-deficient"
+    tol,  # relative threshold on the diagonal of R
+    WANT_RES: tl.constexpr,  # m > n: the residuals are the rows n..m of Q^T B
     MP: tl.constexpr,
     NP: tl.constexpr,
     KP: tl.constexpr,
@@ -326,7 +331,7 @@ def _lstsq_kernel(
         j = n - 1 - jj
         r_j = tl.sum(tl.where(cols == j, R, 0.0), axis=1)  # column j of R   [NP]
         r_jj = tl.sum(tl.where(c == j, r_diag, 0.0), axis=0)
-        r_jj = tl.where(r_jj != 0.0, r_jj, 1.0)  # R_jj = 0 is reported by info below
+        r_jj = tl.where(r_jj != 0.0, r_jj, 1.0)  # R_jj = 0 is reported by rank below
         x_j = tl.sum(tl.where(rn[:, None] == j, C, 0.0), axis=0) / r_jj  # [KP]
         C = tl.where(rn[:, None] == j, x_j[None, :],
                      C - tl.where(rn < j, r_j, 0.0)[:, None] * x_j[None, :])
@@ -335,10 +340,14 @@ def _lstsq_kernel(
     # (and left out of the max: tl.max leaves what a NaN does unspecified)
     big = tl.max(tl.where(size == size, size, 0.0), axis=0)
     small = ((size <= tol * big) | (size != size)) & (c < n)
-    first = tl.min(tl.where(small, c, NP), axis=0)
-    C = tl.where(first < NP, float("nan"), C)  # never silently wrong: no solution, and info says so
+    deficient = tl.sum(small.to(tl.int32), axis=0)
+    C = tl.where(deficient > 0, float("nan"), C)  # never silently wrong: no solution
     tl.store(x_ptr + pid * n * K + rn[:, None] * K + rhs, C, mask=(rn[:, None] < n) & (rhs < K))
-    tl.store(info_ptr + pid, tl.where(first < NP, first + 1, 0))
+    tl.store(rank_ptr + pid, (n - deficient).to(tl.int64))
+    if WANT_RES:  # rows n..m of Q^T B are what no x can reach: ||A x - b||^2 = their sum
+        res = tl.sum(tl.where(rows >= n, B * B, 0.0), axis=0)  # [KP]
+        res = tl.where(deficient > 0, float("nan"), res)
+        tl.store(res_ptr + pid * K + kc, res, mask=kc < K)
 # --8<-- [end:lstsq_kernel]
 
 
@@ -362,31 +371,6 @@ def _launch(kernel, tuned, grid, args: tuple, meta: dict, config: triton.Config 
         return
     config = config or _default_config(tile_elems)
     kernel[grid](*args, **meta, **config.kwargs, num_warps=config.num_warps)
-
-
-def _check_matrix(name: str, t, max_rows: int, max_cols: int) -> None:
-    check_tensor(name, t, dtypes=(torch.float32,), min_ndim=2)
-    if not (1 <= t.shape[-2] <= max_rows and 1 <= t.shape[-1] <= max_cols):
-        raise ValueError(f"{name} must be [..., m, n] with 1 <= m <= {max_rows} and "
-                         f"1 <= n <= {max_cols}, got shape {tuple(t.shape)}")
-
-
-def _check_square(name: str, t, kernel) -> int:
-    """t [..., n, n] float32 with 1 <= n <= MAX_N on kernel's device; returns n."""
-    _check_matrix(name, t, MAX_N, MAX_N)
-    check_kernel_device(name, t, kernel)
-    if t.shape[-2] != t.shape[-1]:
-        raise ValueError(f"{name} must be square [..., n, n], got shape {tuple(t.shape)}")
-    return t.shape[-1]
-
-
-def _out(name: str, given, shape: tuple, dtype, device) -> torch.Tensor:
-    if given is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    check_tensor(name, given, dtypes=(dtype,), contiguous=True, device=device)
-    if tuple(given.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(given.shape)}")
-    return given
 # --8<-- [end:launch_common]
 
 
@@ -401,33 +385,29 @@ _lu_factor_tuned = triton.autotune(
 
 
 def rows_config(NP: int) -> triton.Config:
-    """The row-per-lane kernel's launch for an NP-wide tile: one warp, 32 // NP matrices."""
+    """The row-per-lane kernel's launch for an NP-wide tile: one warp, 32 // NP matrices.
+
+    Args:
+        NP: the tile width, a power of two <= 32.
+
+    Returns:
+        A ``triton.Config`` with ``MATS = max(1, 32 // NP)`` and one warp.
+    """
     return triton.Config({"MATS": max(1, 32 // NP)}, num_warps=1)
 
 
-def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None):
-    """P A = L U with partial pivoting for a batch of small matrices (LAPACK getrf, batched).
+def _launch_lu_factor(A: torch.Tensor, config: triton.Config | None = None):
+    """LU, pivots, info of A [..., n, n] (checked by the caller): getrf, batched.
 
-    Gaussian elimination with partial pivoting (Golub and Van Loan, Matrix Computations, 4th ed.,
-    Alg. 3.4.1), packed as torch.linalg.lu_factor_ex packs it.
-
-    Args:
-        A: [..., n, n] float32, 1 <= n <= 64; CUDA (CPU under the Triton interpreter).
-        config: a ``triton.Config`` (num_warps, and MATS: matrices per program) or None: for
-            n <= 32 one warp per 32 rows, for larger n autotuned warps on the GPU.
-        out: optional (LU, pivots, info) tensors to write into.
-    Returns:
-        LU: [..., n, n] float32, U on and above the diagonal, the multipliers of L below it.
-        pivots: [..., n] int32, 1-based: step k swapped rows k and pivots[k] - 1.
-        info: [...] int32, 0, or i > 0 if U[i-1, i-1] is exactly zero (A singular; the first i).
+    config: None (n <= 32: one warp per 32 rows; larger n: autotuned on the GPU) or a
+    ``triton.Config`` with num_warps and MATS (matrices per program).
     """
-    n = _check_square("A", A, _lu_factor_kernel)
+    n = A.shape[-1]
     batch = A.shape[:-2]
     a = A.reshape(-1, n, n).contiguous()
-    lu, piv, info = out if out is not None else (None, None, None)
-    lu = _out("LU", lu, (*batch, n, n), torch.float32, A.device)
-    piv = _out("pivots", piv, (*batch, n), torch.int32, A.device)
-    info = _out("info", info, tuple(batch), torch.int32, A.device)
+    lu = torch.empty((*batch, n, n), dtype=torch.float32, device=A.device)
+    piv = torch.empty((*batch, n), dtype=torch.int32, device=A.device)
+    info = torch.empty(batch, dtype=torch.int32, device=A.device)
     NP, B = _pow2(n), a.shape[0]
     kernel = _lu_factor_kernel
     if n <= ROWS_MAX_N:  # not tuned: one warp per 32 rows
@@ -446,31 +426,13 @@ def lu_factor(A: torch.Tensor, *, config: triton.Config | None = None, out=None)
 _lu_solve_tuned = _autotune(["n", "K"])(_lu_solve_kernel)
 
 
-def lu_solve(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor, *,
-             config: triton.Config | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """X with A X = B from lu_factor's output: X = U^{-1} L^{-1} P B (LAPACK getrs).
-
-    Args:
-        LU: [..., n, n] float32 and pivots: [..., n] int32, as returned by :func:`lu_factor`.
-        B: [..., n, k] float32, 1 <= k <= 64, same batch shape as LU.
-        config: a ``triton.Config`` or None to autotune on the GPU.
-        out: optional [..., n, k] float32 output.
-    Returns:
-        X: [..., n, k] float32 (inf/NaN where U has a zero pivot, as in getrs; all NaN for a
-        batch element whose pivots are not lu_factor's, pivots[k] outside [k + 1, n]).
-    """
-    n = _check_square("LU", LU, _lu_solve_kernel)
+def _launch_lu_solve(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor,
+                     config: triton.Config | None = None) -> torch.Tensor:
+    """X = U^{-1} L^{-1} P B (getrs) for LU [..., n, n], pivots [..., n], B [..., n, k] of one
+    batch shape (checked by the caller)."""
+    n, k = B.shape[-2:]
     batch = LU.shape[:-2]
-    check_tensor("pivots", pivots, dtypes=(torch.int32,), device=LU.device)
-    if tuple(pivots.shape) != (*batch, n):
-        raise ValueError(f"pivots must have shape {(*batch, n)}, got {tuple(pivots.shape)}")
-    _check_matrix("B", B, MAX_N, MAX_K)
-    check_tensor("B", B, device=LU.device)
-    if tuple(B.shape[:-1]) != (*batch, n):
-        raise ValueError(f"B must be [..., {n}, k] with batch {tuple(batch)}, "
-                         f"got shape {tuple(B.shape)}")
-    k = B.shape[-1]
-    x = _out("out", out, (*batch, n, k), torch.float32, LU.device)
+    x = torch.empty((*batch, n, k), dtype=torch.float32, device=LU.device)
     lu = LU.reshape(-1, n, n).contiguous()
     NP, KP = _pow2(n), _pow2(k)
     _launch(_lu_solve_kernel, _lu_solve_tuned, (lu.shape[0],),
@@ -484,33 +446,16 @@ def lu_solve(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor, *,
 _qr_tuned = _autotune(["m", "n", "WANT_Q"])(_qr_kernel)
 
 
-def qr(A: torch.Tensor, mode: str = "reduced", *, config: triton.Config | None = None, out=None):
-    """A = Q R by Householder reflections for a batch of small matrices (LAPACK geqrf + orgqr).
-
-    Householder QR (Golub and Van Loan, Matrix Computations, 4th ed., Alg. 5.2.1) with reflectors
-    H = I - v v^T, v^T v = 2; R's diagonal has LAPACK's signs, R_kk = -sign(a_kk) ||x||.
-
-    Args:
-        A: [..., m, n] float32, 1 <= m <= 256, 1 <= n <= 64.
-        mode: "reduced" (Q [..., m, p] and R [..., p, n], p = min(m, n)) or "r" (R only; Q is an
-            empty tensor, as in torch.linalg.qr).
-        config: a ``triton.Config`` or None to autotune on the GPU.
-        out: optional (Q, R) to write into (Q is ignored in mode "r").
-    Returns:
-        (Q, R) float32.
-    """
-    if mode not in ("reduced", "r"):
-        raise ValueError(f"mode must be 'reduced' or 'r', got {mode!r}")
-    _check_matrix("A", A, MAX_M, MAX_N)
-    check_kernel_device("A", A, _qr_kernel)
+def _launch_qr(A: torch.Tensor, want_q: bool = True, config: triton.Config | None = None):
+    """Q [..., m, p] (empty unless want_q) and R [..., p, n] of A [..., m, n], p = min(m, n):
+    geqrf + orgqr (checked by the caller)."""
     m, n = A.shape[-2:]
     p = min(m, n)
     batch = A.shape[:-2]
     a = A.reshape(-1, m, n).contiguous()
-    q, r = out if out is not None else (None, None)
-    want_q = mode == "reduced"
-    q = _out("Q", q, (*batch, m, p), torch.float32, A.device) if want_q else A.new_empty(0)
-    r = _out("R", r, (*batch, p, n), torch.float32, A.device)
+    r = torch.empty((*batch, p, n), dtype=torch.float32, device=A.device)
+    q = (torch.empty((*batch, m, p), dtype=torch.float32, device=A.device) if want_q
+         else A.new_empty(0))
     MP, NP = _pow2(m), _pow2(n)
     _launch(_qr_kernel, _qr_tuned, (a.shape[0],), (a, q if want_q else r, r, m, n, p),
             {"WANT_Q": want_q, "MP": MP, "NP": NP}, config, MP * NP)
@@ -519,56 +464,457 @@ def qr(A: torch.Tensor, mode: str = "reduced", *, config: triton.Config | None =
 
 
 # --8<-- [start:lstsq]
-_lstsq_tuned = _autotune(["m", "n", "K"])(_lstsq_kernel)
+_lstsq_tuned = _autotune(["m", "n", "K", "WANT_RES"])(_lstsq_kernel)
 
 
-def lstsq(A: torch.Tensor, B: torch.Tensor, *, rtol: float | None = None,
-          config: triton.Config | None = None, out=None):
-    """min_X ||A X - B||_F for a batch of small tall matrices by Householder QR (LAPACK gels).
-
-    R X = (Q^T B)[:n] by back substitution; Q is applied to B reflector by reflector, never formed.
-    A is reported rank-deficient (info) when some |R_ii| <= rtol * max_j |R_jj|; QR without column
-    pivoting is not rank-revealing in general, but an exactly rank-deficient A always trips it.
-
-    Args:
-        A: [..., m, n] float32, 1 <= n <= m <= 256, n <= 64.
-        B: [..., m, k] float32, 1 <= k <= 64, same batch shape as A.
-        rtol: the threshold, a finite number >= 0, default max(m, n) * 2^-24
-            (numpy.linalg.matrix_rank's rule on R).
-        config: a ``triton.Config`` or None to autotune on the GPU.
-        out: optional (X, info) to write into.
-    Returns:
-        X: [..., n, k] float32, all NaN for a rank-deficient batch element.
-        info: [...] int32, 0, or the first 1-based i with a too small (or NaN: A holds a NaN)
-            |R_ii|.
-    """
-    _check_matrix("A", A, MAX_M, MAX_N)
-    check_kernel_device("A", A, _lstsq_kernel)
+def _launch_lstsq(A: torch.Tensor, B: torch.Tensor, rcond: float,
+                  config: triton.Config | None = None):
+    """solution [..., n, k], residuals ([..., k] if m > n, else empty), rank [...] (int64) for
+    A [..., m, n], m >= n, and B [..., m, k] of one batch shape (checked by the caller)."""
     m, n = A.shape[-2:]
-    if m < n:
-        raise ValueError(f"A must be tall (m >= n) for least squares, got shape {tuple(A.shape)}")
-    batch = A.shape[:-2]
-    _check_matrix("B", B, MAX_M, MAX_K)
-    check_tensor("B", B, device=A.device)
-    if tuple(B.shape[:-1]) != (*batch, m):
-        raise ValueError(f"B must be [..., {m}, k] with batch {tuple(batch)}, "
-                         f"got shape {tuple(B.shape)}")
     k = B.shape[-1]
-    rtol = max(m, n) * U_FP32 if rtol is None else check_real("rtol", rtol, "a finite number >= 0")
-    x, info = out if out is not None else (None, None)
-    x = _out("X", x, (*batch, n, k), torch.float32, A.device)
-    info = _out("info", info, tuple(batch), torch.int32, A.device)
+    batch = A.shape[:-2]
+    x = torch.empty((*batch, n, k), dtype=torch.float32, device=A.device)
+    want_res = m > n
+    res = torch.empty((*batch, k) if want_res else (0,), dtype=torch.float32, device=A.device)
+    rank = torch.empty(batch, dtype=torch.int64, device=A.device)
     MP, NP, KP = _pow2(m), _pow2(n), _pow2(k)
     _launch(_lstsq_kernel, _lstsq_tuned, (x.numel() // (n * k),),
-            (A.reshape(-1, m, n).contiguous(), B.reshape(-1, m, k).contiguous(), x, info,
-             m, n, k, rtol), {"MP": MP, "NP": NP, "KP": KP}, config, MP * max(NP, KP))
-    return x, info
+            (A.reshape(-1, m, n).contiguous(), B.reshape(-1, m, k).contiguous(), x,
+             res if want_res else x, rank, m, n, k, rcond),
+            {"WANT_RES": want_res, "MP": MP, "NP": NP, "KP": KP}, config, MP * max(NP, KP))
+    return x, res, rank
 # --8<-- [end:lstsq]
 
 
+# --8<-- [start:ops]
+# Each launcher becomes a PyTorch custom operator (namespace kernelnotes) with a fake
+# implementation, so torch.compile and FakeTensorMode see shapes without running Triton, and a
+# backward made of torch ops. Only the fp32 Triton launch happens inside the operator.
+@torch.library.custom_op("kernelnotes::lu_factor_ex", mutates_args=())
+def _lu_factor_ex_op(A: torch.Tensor, check_errors: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                                     torch.Tensor]:
+    LU, pivots, info = _launch_lu_factor(A)
+    if check_errors and A.numel() > 0:  # inside the operator: a host sync Dynamo never sees
+        bad = torch.nonzero(info.reshape(-1))
+        if bad.numel():
+            i = int(info.reshape(-1)[bad[0, 0]])
+            raise RuntimeError(
+                f"kernelnotes.linalg.lu_factor: U[{i - 1},{i - 1}] is zero (batch element "
+                f"{int(bad[0, 0])}) and lu_solve would divide by it; use lu_factor_ex to get the "
+                "factors with info")
+    return LU, pivots, info
+
+
+@_lu_factor_ex_op.register_fake
+def _(A, check_errors):
+    return (torch.empty_like(A, memory_format=torch.contiguous_format),
+            A.new_empty((*A.shape[:-1],), dtype=torch.int32),
+            A.new_empty(A.shape[:-2], dtype=torch.int32))
+
+
+def _lu_factor_setup(ctx, inputs, output):
+    LU, pivots, _ = output
+    ctx.save_for_backward(LU, pivots)
+
+
+def _lu_factor_backward(ctx, gLU, gpivots, ginfo):
+    # A = P L U; for gLU = gL + gU: gA = P L^{-T} (tril(L^T gL, -1) + triu(gU U^T)) U^{-T}
+    LU, pivots = ctx.saved_tensors
+    if gLU is None:
+        return None, None
+    P, L, U = torch.lu_unpack(LU, pivots)
+    phi = (L.mT @ gLU.tril(-1)).tril(-1) + (gLU.triu() @ U.mT).triu()
+    Y = torch.linalg.solve_triangular(L.mT, phi, upper=True, unitriangular=True)
+    return P @ torch.linalg.solve_triangular(U.mT, Y, upper=False, left=False), None
+
+
+_lu_factor_ex_op.register_autograd(_lu_factor_backward, setup_context=_lu_factor_setup)
+
+
+@torch.library.custom_op("kernelnotes::lu_solve", mutates_args=())
+def _lu_solve_op(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    return _launch_lu_solve(LU, pivots, B)
+
+
+@_lu_solve_op.register_fake
+def _(LU, pivots, B):
+    return B.new_empty(B.shape)
+
+
+def _lu_solve_setup(ctx, inputs, output):
+    LU, pivots, _ = inputs
+    ctx.save_for_backward(LU, pivots, output)
+
+
+def _lu_solve_backward(ctx, gX):
+    # X = A^{-1} B with A = P L U: gB = A^{-T} gX, gA = -gB X^T, and gLU from gA as in lu_factor
+    LU, pivots, X = ctx.saved_tensors
+    gB = torch.linalg.lu_solve(LU, pivots, gX, adjoint=True)
+    gLU = None
+    if ctx.needs_input_grad[0]:
+        P, L, U = torch.lu_unpack(LU, pivots)
+        PtgA = -(P.mT @ gB) @ X.mT
+        gLU = (PtgA @ U.mT).tril(-1) + (L.mT @ PtgA).triu()
+    return gLU, None, gB
+
+
+_lu_solve_op.register_autograd(_lu_solve_backward, setup_context=_lu_solve_setup)
+
+
+@torch.library.custom_op("kernelnotes::qr", mutates_args=())
+def _qr_op(A: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch_qr(A, want_q=mode == "reduced")
+
+
+@_qr_op.register_fake
+def _(A, mode):
+    m, n = A.shape[-2:]
+    p = min(m, n)
+    Q = A.new_empty((*A.shape[:-2], m, p)) if mode == "reduced" else A.new_empty(0)
+    return Q, A.new_empty((*A.shape[:-2], p, n))
+
+
+def _qr_setup(ctx, inputs, output):
+    A, mode = inputs
+    ctx.mode = mode
+    ctx.save_for_backward(A, *output)
+
+
+def _qr_backward_square(gQ, gR, Q, R):
+    # m >= n, A = QR: gA = (gQ + Q copyltu(M)) R^{-T}, M = R gR^T - gQ^T Q (Liao et al., 2019,
+    # arXiv:1903.09650, eq. 7), copyltu(M) = tril(M) + tril(M, -1)^T
+    M = R @ gR.mT - gQ.mT @ Q
+    M = M.tril() + M.tril(-1).mT
+    return torch.linalg.solve_triangular(R.mT, gQ + Q @ M, upper=False, left=False)
+
+
+def _qr_backward(ctx, gQ, gR):
+    A, Q, R = ctx.saved_tensors
+    if ctx.mode == "r":  # Q was not returned; the backward needs it: compute it again
+        Q, R = torch.ops.kernelnotes.qr(A, "reduced")
+        gQ = None
+    m, n = A.shape[-2:]
+    gQ = torch.zeros_like(Q) if gQ is None else gQ
+    gR = torch.zeros_like(R) if gR is None else gR
+    if m >= n:
+        return _qr_backward_square(gQ, gR, Q, R), None
+    # wide: A = Q [R1, R2] with X = A[:, :m] = Q R1, Y = A[:, m:] = Q R2 (Liao et al., eq. 9)
+    Y, gR1, gR2 = A[..., m:], gR[..., :m], gR[..., m:]
+    gX = _qr_backward_square(gQ + Y @ gR2.mT, gR1, Q, R[..., :m])
+    return torch.cat([gX, Q @ gR2], dim=-1), None
+
+
+_qr_op.register_autograd(_qr_backward, setup_context=_qr_setup)
+
+
+@torch.library.custom_op("kernelnotes::lstsq", mutates_args=())
+def _lstsq_op(A: torch.Tensor, B: torch.Tensor, rcond: float) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _launch_lstsq(A, B, rcond)
+
+
+@_lstsq_op.register_fake
+def _(A, B, rcond):
+    m, n = A.shape[-2:]
+    k = B.shape[-1]
+    res = B.new_empty((*B.shape[:-2], k) if m > n else (0,))
+    return (B.new_empty((*B.shape[:-2], n, k)), res,
+            A.new_empty(A.shape[:-2], dtype=torch.int64))
+
+
+def _lstsq_setup(ctx, inputs, output):
+    A, B, _ = inputs
+    X, res, _ = output
+    ctx.save_for_backward(A, B, X)
+
+
+def _lstsq_backward(ctx, gX, gres, grank):
+    # X = (A^T A)^{-1} A^T B, r = B - A X. With G = (A^T A)^{-1} gX = R^{-1} R^{-T} gX:
+    # gB = A G, gA = r G^T - A G X^T. The residuals ||r_j||^2 are minima over x, so only their
+    # explicit dependence counts: gB += 2 r gres, gA -= 2 r gres X^T.
+    A, B, X = ctx.saved_tensors
+    _, R = torch.ops.kernelnotes.qr(A, "r")
+    r = B - A @ X
+    gX = torch.zeros_like(X) if gX is None else gX
+    G = torch.linalg.solve_triangular(
+        R, torch.linalg.solve_triangular(R.mT, gX, upper=False), upper=True)
+    AG = A @ G
+    gA, gB = r @ G.mT - AG @ X.mT, AG
+    if gres is not None and gres.numel():
+        rg = 2 * r * gres[..., None, :]
+        gA, gB = gA - rg @ X.mT, gB + rg
+    return gA, gB, None
+
+
+_lstsq_op.register_autograd(_lstsq_backward, setup_context=_lstsq_setup)
+# --8<-- [end:ops]
+
+
+# --8<-- [start:api]
+class LUFactor(NamedTuple):
+    """What :func:`lu_factor` returns, as ``torch.linalg.lu_factor``."""
+
+    LU: torch.Tensor
+    pivots: torch.Tensor
+
+
+class LUFactorEx(NamedTuple):
+    """What :func:`lu_factor_ex` returns, as ``torch.linalg.lu_factor_ex``."""
+
+    LU: torch.Tensor
+    pivots: torch.Tensor
+    info: torch.Tensor
+
+
+class QR(NamedTuple):
+    """What :func:`qr` returns, as ``torch.linalg.qr``."""
+
+    Q: torch.Tensor
+    R: torch.Tensor
+
+
+class Lstsq(NamedTuple):
+    """What :func:`lstsq` returns, with the fields of ``torch.linalg.lstsq``."""
+
+    solution: torch.Tensor
+    residuals: torch.Tensor
+    rank: torch.Tensor
+    singular_values: torch.Tensor
+
+
+def _check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _check_matrix(name: str, t, max_rows: int, max_cols: int, kernel) -> None:
+    check_tensor(name, t, dtypes=(torch.float32,), min_ndim=2)
+    if not (1 <= t.shape[-2] <= max_rows and 1 <= t.shape[-1] <= max_cols):
+        raise ValueError(f"{name} must be [..., m, n] with 1 <= m <= {max_rows} and "
+                         f"1 <= n <= {max_cols}, got shape {tuple(t.shape)}")
+    check_kernel_device(name, t, kernel)
+
+
+def _check_square(name: str, t, kernel) -> int:
+    """t [..., n, n] float32 with 1 <= n <= MAX_N on kernel's device; returns n."""
+    _check_matrix(name, t, MAX_N, MAX_N, kernel)
+    if t.shape[-2] != t.shape[-1]:
+        raise ValueError(f"{name} must be square [..., n, n], got shape {tuple(t.shape)}")
+    return t.shape[-1]
+
+
+def _check_pivot(pivot) -> None:
+    _check_flag("pivot", pivot)
+    if not pivot:
+        raise ValueError("pivot=False (LU without pivoting) is not supported: pass pivot=True")
+
+
+def lu_factor_ex(A: torch.Tensor, *, pivot: bool = True, check_errors: bool = False
+                 ) -> LUFactorEx:
+    """P A = L U with partial pivoting for a batch of small matrices, as
+    ``torch.linalg.lu_factor_ex`` (LAPACK getrf, batched).
+
+    Gaussian elimination with partial pivoting (Golub and Van Loan, Matrix Computations, 4th ed.,
+    Alg. 3.4.1), packed as torch packs it. A custom operator ``kernelnotes::lu_factor_ex``:
+    works under ``torch.compile`` and ``FakeTensorMode``; differentiable with respect to A
+    through LU (the backward of ``torch.linalg.lu_factor``, in torch ops).
+
+    Args:
+        A: [..., n, n] float32, 1 <= n <= 64, any batch shape (an empty batch too); CUDA (CPU
+            under the Triton interpreter).
+        pivot: must be True (partial pivoting); False is refused.
+        check_errors: raise a RuntimeError if some U has an exactly zero pivot (a host sync).
+
+    Returns:
+        ``LUFactorEx(LU, pivots, info)``: LU [..., n, n] float32, U on and above the diagonal and
+        the multipliers of L below it; pivots [..., n] int32, 1-based: step k swapped rows k and
+        pivots[k] - 1; info [...] int32, 0, or i > 0 if U[i-1, i-1] is exactly zero (the first).
+
+    Raises:
+        TypeError: A is not a float32 tensor, or a flag is not a bool.
+        ValueError: A is not [..., n, n] with 1 <= n <= 64, is on a device the kernels cannot use,
+            or pivot is False.
+        RuntimeError: check_errors is True and some A is singular (info > 0).
+    """
+    _check_square("A", A, _lu_factor_kernel)
+    _check_pivot(pivot)
+    _check_flag("check_errors", check_errors)
+    return LUFactorEx(*torch.ops.kernelnotes.lu_factor_ex(A, check_errors))
+
+
+def lu_factor(A: torch.Tensor, *, pivot: bool = True) -> LUFactor:
+    """P A = L U with partial pivoting, as ``torch.linalg.lu_factor``: :func:`lu_factor_ex`
+    without info, raising where A is singular.
+
+    Args:
+        A: [..., n, n] float32, 1 <= n <= 64; CUDA (CPU under the Triton interpreter).
+        pivot: must be True.
+
+    Returns:
+        ``LUFactor(LU, pivots)`` as in :func:`lu_factor_ex`.
+
+    Raises:
+        TypeError: A is not a float32 tensor, or pivot is not a bool.
+        ValueError: A is not [..., n, n] with 1 <= n <= 64, or is on the wrong device.
+        RuntimeError: some U has an exactly zero pivot (checked on the host, as torch does).
+    """
+    _check_square("A", A, _lu_factor_kernel)
+    _check_pivot(pivot)
+    LU, pivots, _ = torch.ops.kernelnotes.lu_factor_ex(A, True)
+    return LUFactor(LU, pivots)
+
+
+def lu_solve(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor, *, left: bool = True,
+             adjoint: bool = False) -> torch.Tensor:
+    """X with A X = B from :func:`lu_factor`'s output, as ``torch.linalg.lu_solve``:
+    X = U^{-1} L^{-1} P B (LAPACK getrs).
+
+    Differentiable with respect to B and LU (torch's formulas, in torch ops).
+
+    Args:
+        LU: [..., n, n] float32, 1 <= n <= 64, and pivots: [..., n] int32, as returned by
+            :func:`lu_factor`.
+        B: [..., n, k] float32, 1 <= k <= 64; batch shapes broadcast as in torch.
+        left: must be True (X A = B is not supported).
+        adjoint: must be False (A^T X = B is not supported).
+
+    Returns:
+        X: [..., n, k] float32 (inf/NaN where U has a zero pivot, as getrs; all NaN for a batch
+        element whose pivots are not lu_factor's, pivots[k] outside [k + 1, n]).
+
+    Raises:
+        TypeError: a tensor has the wrong type or dtype, or a flag is not a bool.
+        ValueError: shapes do not fit, a tensor is on another device, or left/adjoint ask for
+            what the kernel does not do.
+    """
+    n = _check_square("LU", LU, _lu_solve_kernel)
+    check_tensor("pivots", pivots, dtypes=(torch.int32,), min_ndim=1, device=LU.device)
+    check_tensor("B", B, dtypes=(torch.float32,), min_ndim=2, device=LU.device)
+    _check_flag("left", left)
+    _check_flag("adjoint", adjoint)
+    if not left or adjoint:
+        raise ValueError(f"left={left}, adjoint={adjoint}: only left=True, adjoint=False "
+                         "(A X = B) is supported")
+    if pivots.shape[-1] != n or pivots.shape[:-1] != LU.shape[:-2]:
+        raise ValueError(f"pivots must have shape {(*LU.shape[:-2], n)}, "
+                         f"got {tuple(pivots.shape)}")
+    if B.shape[-2] != n or not 1 <= B.shape[-1] <= MAX_K:
+        raise ValueError(f"B must be [..., {n}, k] with 1 <= k <= {MAX_K}, "
+                         f"got shape {tuple(B.shape)}")
+    try:
+        batch = torch.broadcast_shapes(LU.shape[:-2], B.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"B's batch shape {tuple(B.shape[:-2])} does not broadcast with LU's "
+                         f"{tuple(LU.shape[:-2])}") from None
+    LU = LU.expand(*batch, n, n)
+    pivots = pivots.expand(*batch, n)
+    B = B.expand(*batch, *B.shape[-2:])
+    return torch.ops.kernelnotes.lu_solve(LU, pivots, B)
+
+
+def qr(A: torch.Tensor, mode: str = "reduced") -> QR:
+    """A = Q R by Householder reflections for a batch of small matrices, as
+    ``torch.linalg.qr`` (LAPACK geqrf + orgqr).
+
+    Householder QR (Golub and Van Loan, Matrix Computations, 4th ed., Alg. 5.2.1) with reflectors
+    H = I - v v^T, v^T v = 2; R's diagonal has LAPACK's signs, R_kk = -sign(a_kk) ||x||.
+    Differentiable with respect to A (Liao et al., 2019, in torch ops), for full-rank A; in mode
+    "r" too (the backward forms Q again).
+
+    Args:
+        A: [..., m, n] float32, 1 <= m <= 256, 1 <= n <= 64.
+        mode: "reduced" (Q [..., m, p] and R [..., p, n], p = min(m, n)), "r" (R only; Q is an
+            empty tensor, as in torch), or "complete" for m <= n, where it equals "reduced"
+            (for m > n the full m x m Q is not computed: refused).
+
+    Returns:
+        ``QR(Q, R)``, float32.
+
+    Raises:
+        TypeError: A is not a float32 tensor, or mode is not a str.
+        ValueError: A's shape or device does not fit, or mode is not one of the above.
+    """
+    _check_matrix("A", A, MAX_M, MAX_N, _qr_kernel)
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a str, got {type(mode).__name__}")
+    m, n = A.shape[-2:]
+    if mode == "complete" and m > n:
+        raise ValueError(f"mode='complete' needs the full {m} x {m} Q, which is not computed: "
+                         "use mode='reduced' (or 'r')")
+    if mode not in ("reduced", "r", "complete"):
+        raise ValueError(f"mode must be 'reduced', 'r' or 'complete', got {mode!r}")
+    return QR(*torch.ops.kernelnotes.qr(A, "r" if mode == "r" else "reduced"))
+
+
+def lstsq(A: torch.Tensor, B: torch.Tensor, rcond: float | None = None, *,
+          driver: str | None = None) -> Lstsq:
+    """min_X ||A X - B||_F for a batch of small tall matrices by Householder QR, as
+    ``torch.linalg.lstsq`` with driver "gels".
+
+    R X = (Q^T B)[:n] by back substitution; Q is applied to B reflector by reflector, never formed.
+    rank counts the |R_jj| > rcond max_i |R_ii|. QR without column pivoting is not rank-revealing
+    in general, but an exactly rank-deficient A always shows in it; a NaN in A counts as a lost
+    rank. Where rank < n the solution (and residuals) are NaN: never silently wrong.
+    Differentiable with respect to A and B (full-rank A, in torch ops).
+
+    Args:
+        A: [..., m, n] float32, 1 <= n <= m <= 256, n <= 64.
+        B: [..., m, k] float32, 1 <= k <= 64, or [..., m] (one right-hand side; the solution is
+            then [..., n]); batch shapes broadcast as in torch.
+        rcond: the threshold, a finite number >= 0; default (None) max(m, n) times float32's
+            machine epsilon 2^-23, as torch.
+        driver: None or "gels" (what this is); others are refused.
+
+    Returns:
+        ``Lstsq(solution, residuals, rank, singular_values)``: solution [..., n, k] float32;
+        residuals [..., k] float32, ||A x - b||^2 per column, for m > n (empty for m = n, as
+        torch); rank [...] int64; singular_values empty (not computed, as with "gels").
+
+    Raises:
+        TypeError: a tensor has the wrong type or dtype, or rcond is not a real number.
+        ValueError: shapes or devices do not fit, A is wide, rcond is negative or not finite, or
+            driver is not "gels".
+    """
+    _check_matrix("A", A, MAX_M, MAX_N, _lstsq_kernel)
+    m, n = A.shape[-2:]
+    if m < n:
+        raise ValueError(f"A must be tall (m >= n) for least squares, got shape {tuple(A.shape)}")
+    check_tensor("B", B, dtypes=(torch.float32,), min_ndim=1, device=A.device)
+    if driver not in (None, "gels"):
+        raise ValueError(f"driver must be None or 'gels', got {driver!r}")
+    vector = B.ndim == A.ndim - 1
+    if vector:
+        B = B[..., None]
+    if B.ndim < 2 or B.shape[-2] != m or not 1 <= B.shape[-1] <= MAX_K:
+        raise ValueError(f"B must be [..., {m}, k] with 1 <= k <= {MAX_K} or [..., {m}], "
+                         f"got shape {tuple(B.shape[:-1] if vector else B.shape)}")
+    try:
+        batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"B's batch shape {tuple(B.shape[:-2])} does not broadcast with A's "
+                         f"{tuple(A.shape[:-2])}") from None
+    tol = max(m, n) * EPS_FP32 if rcond is None else check_real("rcond", rcond,
+                                                               "a finite number >= 0")
+    A = A.expand(*batch, m, n)
+    B = B.expand(*batch, *B.shape[-2:])
+    X, res, rank = torch.ops.kernelnotes.lstsq(A, B, tol)
+    if vector:
+        X = X[..., 0]
+    return Lstsq(X, res, rank, A.new_empty(0))
+# --8<-- [end:api]
+
+
 def row_permutation(pivots: torch.Tensor) -> torch.Tensor:
-    """perm [B, n] with (P A)[i] = A[perm[i]], from lu_factor's 1-based sequential pivots [B, n]
-    (the row swaps replayed in order, as LAPACK's ?laswp applies them)."""
+    """The row order of P A from lu_factor's pivots (the row swaps replayed in order, as
+    LAPACK's ?laswp applies them).
+
+    Args:
+        pivots: [B, n] int32 or int64, 1-based sequential pivots.
+
+    Returns:
+        perm: [B, n] int64 with (P A)[i] = A[perm[i]].
+    """
     check_tensor("pivots", pivots, dtypes=(torch.int32, torch.int64), ndim=2)
     batch, n = pivots.shape
     perm = torch.arange(n, device=pivots.device).repeat(batch, 1)
