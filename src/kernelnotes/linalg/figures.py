@@ -10,12 +10,33 @@ from __future__ import annotations
 import numpy as np
 
 from kernelnotes._results import load, markdown_table, provenance
-from kernelnotes.linalg.experiments import U64, digits_lost, orthogonality_loss
-from kernelnotes.linalg.regression import design_matrix, fit_qr, line_data, plane_data
+from kernelnotes.linalg.reference import cgs, form_q, householder_qr, matrix_with_cond, mgs
+from kernelnotes.linalg.regression import (
+    U64,
+    design_matrix,
+    digits_lost,
+    fit_qr,
+    line_data,
+    plane_data,
+)
 
 CONDS_ORTH = np.logspace(0, 10, 21)
 CONDS_LSTSQ = np.logspace(0, 12, 25)
 PENDING = '!!! info "Results pending"\n    Run `python -m benchmarks linalg` on a GPU.'
+
+
+# --8<-- [start:orthogonality]
+def orthogonality_loss(conds, m: int = 60, n: int = 12, seed: int = 0) -> dict[str, np.ndarray]:
+    """||Q^T Q - I||_2 of CGS, MGS and Householder on matrices of the given condition numbers."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[float]] = {"CGS": [], "MGS": [], "Householder": []}
+    for cond in conds:
+        A = matrix_with_cond(m, n, cond, rng)
+        for name, Q in (("CGS", cgs(A)[0]), ("MGS", mgs(A)[0]),
+                        ("Householder", form_q(householder_qr(A)[0]))):
+            out[name].append(np.linalg.norm(Q.T @ Q - np.eye(n), 2))
+    return {k: np.asarray(v) for k, v in out.items()}
+# --8<-- [end:orthogonality]
 
 
 def figure_orthogonality():

@@ -71,6 +71,15 @@ def growth_factor(A: np.ndarray, U: np.ndarray) -> float:
 # --8<-- [end:growth]
 
 
+# --8<-- [start:with_cond]
+def matrix_with_cond(m: int, n: int, cond: float, rng: np.random.Generator) -> np.ndarray:
+    """A = U diag(s) V^T, random orthonormal U and V, s from 1 down to 1/cond: cond_2(A) = cond."""
+    U, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    return (U * np.geomspace(1.0, 1.0 / cond, n)) @ V.T
+# --8<-- [end:with_cond]
+
+
 # --8<-- [start:flops]
 def lu_flops(n: int) -> int:
     """Flops of lu_nopivot's loops, counted: one division per multiplier, two per updated entry."""

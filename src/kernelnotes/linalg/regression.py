@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernelnotes.linalg.reference import apply_qt, back_substitution, householder_qr
+from kernelnotes.linalg.reference import (
+    apply_qt,
+    back_substitution,
+    householder_qr,
+    lstsq_normal,
+    lstsq_qr,
+    matrix_with_cond,
+)
+
+U64 = 2.0**-53  # float64 unit roundoff
 
 
 # --8<-- [start:design]
@@ -57,6 +66,26 @@ def fit_linear_layer(X: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarr
     theta = fit_qr(design_matrix(X), Y)  # [i + 1, o]: the rows of W^T, then b^T
     return theta[:-1].T, theta[-1]
 # --8<-- [end:linear_layer]
+
+
+# --8<-- [start:digits_lost]
+def digits_lost(conds, m: int = 100, n: int = 10, seed: int = 0) -> dict[str, np.ndarray]:
+    """log10(relative error / u) of the least-squares solution, normal equations against QR.
+
+    b = A x_true exactly up to rounding (a zero-residual problem), so QR's error is about u cond
+    and the normal equations' about u cond^2, until that reaches 1 (all digits gone).
+    """
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[float]] = {"normal equations": [], "QR": []}
+    for cond in conds:
+        A = matrix_with_cond(m, n, cond, rng)
+        x_true = rng.standard_normal(n)
+        b = A @ x_true
+        for name, solve in (("normal equations", lstsq_normal), ("QR", lstsq_qr)):
+            err = np.linalg.norm(solve(A, b) - x_true) / np.linalg.norm(x_true)
+            out[name].append(np.log10(max(err, U64) / U64))
+    return {k: np.asarray(v) for k, v in out.items()}
+# --8<-- [end:digits_lost]
 
 
 def line_data(n: int = 30, slope: float = 0.8, intercept: float = 2.0, noise: float = 1.0,
