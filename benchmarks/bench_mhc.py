@@ -1,6 +1,13 @@
 """mHC on the GPU: Triton mhc_pre / mhc_pre_from_mixes / mhc_post against the float32 torch
 reference (eager, and torch.compile of it), T in {1, 128, 1024, 8192}, H in {4096, 7168}.
 
+Stages: (1) direct calls of the kernels and the eager peer at every shape; (2) torch.compile of
+the reference; (3) where mhc_pre's time goes at T = 8192; (4) small T with the host out of the
+way: every op captured in a CUDA graph and replayed (rows with "timing": "cuda_graph"), and the
+kernels called through torch.compile(mode="reduce-overhead"), which captures graphs itself
+(impl "triton, reduce-overhead"); (5) the backward at T = 8192, H = 7168: the custom ops'
+against eager autograd of the float32 torch reference (op "... backward").
+
 Napkin math, bytes each op must move per token (bf16 = 2 B, fp32 = 4 B), minimal traffic:
   mhc_pre_from_mixes: read residual 4H*2 + dot_mix 24*4*S + sqrsum 4*S, write layer_input 2H
                       + post 4*4 + comb 16*4                     = 10H + 100 S + 80
@@ -26,9 +33,12 @@ T_ALL = (1, 128, 1024, 8192)
 H_ALL = (4096, 7168)
 T_QUICK, H_QUICK = (1, 8192), (7168,)
 COMPILE_BUDGET_S = 200.0  # start no compiled peer after this many seconds of stage 2
+T_SMALL, T_SMALL_QUICK = (1, 128, 1024), (1,)  # stage 4
+REDUCE_OVERHEAD = "triton, reduce-overhead"  # the kernels inside torch.compile's CUDA graphs
 
 
-def _inputs(T: int, H: int):
+def make_inputs(T: int, H: int):
+    """residual, fn, scale, base, dot_mix, sqrsum, layer_out, post, comb for one shape."""
     import torch
 
     g = torch.Generator(device=DEVICE).manual_seed(T + H)
@@ -47,9 +57,9 @@ def _inputs(T: int, H: int):
     return residual, fn, scale, base, dot_mix, sqrsum, layer_out, post, comb
 
 
-def _calls(impls: dict, T: int, H: int):
+def calls(impls: dict, T: int, H: int):
     """{op: {impl: zero-argument callable}} for one shape."""
-    residual, fn, scale, base, dot_mix, sqrsum, layer_out, post, comb = _inputs(T, H)
+    residual, fn, scale, base, dot_mix, sqrsum, layer_out, post, comb = make_inputs(T, H)
     out = {}
     for name, (pre, from_mixes, post_fn) in impls.items():
         out.setdefault("mhc_pre", {})[name] = lambda f=pre: f(residual, fn, scale, base)
@@ -83,22 +93,23 @@ def _phases(T: int, H: int, config) -> dict:
     from kernelnotes.mhc import kernel
     from kernelnotes.mhc.torch_reference import mhc_pre_torch
 
-    residual, fn, scale, base = _inputs(T, H)[:4]
+    residual, fn, scale, base = make_inputs(T, H)[:4]
     errs = [rel_err(a, b) for a, b in zip(kernel.mhc_pre(residual, fn, scale, base, config=config),
                                           mhc_pre_torch(residual, fn, scale, base), strict=True)]
-    w = kernel._split_fn(fn)
-    dot_mix, sqrsum = kernel._project(residual, w, None, config)
+    w = kernel.split_fn(fn)
+    project_cfg = None if config is None else config["project"]
+    dot_mix, sqrsum = kernel._project(residual, w, None, project_cfg)
     fuse_cfg = None if config is None else config["fuse"]
     k = 4 * H
     partial = torch.empty(4 * T, device=DEVICE)
     fns = {
-        "split": lambda: kernel._split_fn(fn),
-        "project": lambda: kernel._project(residual, w, None, config),
+        "split": lambda: kernel.split_fn(fn),
+        "project": lambda: kernel._project(residual, w, None, project_cfg),
         "fuse": lambda: kernel._fuse(dot_mix, sqrsum, residual, scale, base, 1e-6, 1e-6, 1e-6,
                                      2.0, 20, fuse_cfg, reverse=True),
         "whole": lambda: kernel.mhc_pre(residual, fn, scale, base, config=config),
         "whole_split_once": lambda: kernel.mhc_pre(residual, w, scale, base, config=config),
-        "read": lambda: _read_sq[(4, triton.cdiv(T, 8))](residual, partial, T, k, k // 4,
+        "read": lambda: read_sq[(4, triton.cdiv(T, 8))](residual, partial, T, k, k // 4,
                                                           BT=8, BK=1024, num_warps=4),
     }
     # GPU time from CUDA graphs: a direct call of the split (a few microseconds of work) would
@@ -111,7 +122,7 @@ def _phases(T: int, H: int, config) -> dict:
 
 
 @triton.jit
-def _read_sq(x_ptr, out_ptr, T, K, K_SPLIT, BT: tl.constexpr, BK: tl.constexpr):
+def read_sq(x_ptr, out_ptr, T, K, K_SPLIT, BT: tl.constexpr, BK: tl.constexpr):
     """sum of x^2 over [BT tokens, K_SPLIT columns] of x [T, K] bf16: a read and nothing else."""
     offs_t = (tl.program_id(1) * BT + tl.arange(0, BT)).to(tl.int64)
     k_lo = tl.program_id(0) * K_SPLIT
@@ -154,7 +165,7 @@ def run(quick: bool) -> list[dict]:
     rows = []
     # 1. this project's kernels and the eager peer, every shape (autotuning happens here)
     for T, H in shapes:
-        calls = _calls({"triton": triton_impl, "eager": eager_impl}, T, H)
+        calls = calls({"triton": triton_impl, "eager": eager_impl}, T, H)
         for op, by_impl in calls.items():
             for impl, fn in by_impl.items():
                 rows.append(_row(op, impl, T, H, bench_ms(fn, **timing)))
@@ -172,7 +183,7 @@ def run(quick: bool) -> list[dict]:
                 rows.append({"op": op, "impl": "compiled", "T": T, "H": H, "ms": None,
                              "skipped": f"compile budget of {budget:.0f} s spent"})
                 continue
-            fn = _calls({"compiled": compiled}, T, H)[op]["compiled"]
+            fn = calls({"compiled": compiled}, T, H)[op]["compiled"]
             try:
                 rows.append(_row(op, "compiled", T, H, bench_ms(fn, **timing)))
             except Exception as e:  # noqa: BLE001  a peer that fails to compile: reported
@@ -183,12 +194,96 @@ def run(quick: bool) -> list[dict]:
     print(f"mhc: torch.compile peers done at {time.time() - t0:.0f} s", flush=True)
     # 3. where mhc_pre's time goes, at T = 8192
     rows += [_phases(T, H, pre_cfg) for T, H in shapes if T == 8192]
+    # 4. small T: GPU time from CUDA graphs, and the kernels under torch.compile's graphs
+    rows += _small_t(quick, triton_impl, eager_impl, compiled)
+    print(f"mhc: small-T graphs done at {time.time() - t0:.0f} s", flush=True)
+    # 5. the backward at the issue's size
+    rows += _backward(quick)
+    return rows
+
+
+def _small_t(quick: bool, triton_impl, eager_impl, compiled) -> list[dict]:
+    """Each op at small T as a caller without graphs pays for it (the direct-call rows of stage
+    1), as the GPU spends it (one call captured in a CUDA graph and replayed), and through
+    torch.compile(mode="reduce-overhead"), which records the kernels in CUDA graphs itself."""
+    import torch
+
+    rows, budget, t0 = [], COMPILE_BUDGET_S / 2, time.time()
+    impls = {"triton": triton_impl, "eager": eager_impl}
+    if not quick:
+        impls["compiled"] = compiled
+    for H in H_QUICK if quick else H_ALL:
+        for T in T_SMALL_QUICK if quick else T_SMALL:
+            for op, by_impl in calls(impls, T, H).items():
+                for impl, fn in by_impl.items():
+                    row = {"op": op, "impl": impl, "T": T, "H": H, "timing": "cuda_graph"}
+                    if impl == "compiled" and time.time() - t0 > budget:
+                        row["skipped"] = f"compile budget of {budget:.0f} s spent"
+                    else:
+                        try:
+                            row["graph_ms"] = graph_ms(fn)
+                        except Exception as e:  # noqa: BLE001  a peer that cannot be captured
+                            row["skipped"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    rows.append(row)
+            # the custom ops under torch.compile's CUDA graphs, timed as direct calls
+            reduce = tuple(torch.compile(f, mode="reduce-overhead", fullgraph=True)
+                           for f in triton_impl)
+            for op, fn in calls({REDUCE_OVERHEAD: reduce}, T, H).items():
+                fn = fn[REDUCE_OVERHEAD]
+                row = {"op": op, "impl": REDUCE_OVERHEAD, "T": T, "H": H}
+                try:
+                    for _ in range(3):  # warm-up: compile, record the graph
+                        fn()
+                    row.update(_row(op, REDUCE_OVERHEAD, T, H, bench_ms(fn, warmup_ms=10,
+                                                                      rep_ms=40)))
+                except Exception as e:  # noqa: BLE001
+                    row.update(ms=None, skipped=f"{type(e).__name__}: {str(e)[:200]}")
+                rows.append(row)
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _backward(quick: bool) -> list[dict]:
+    """The backward alone at T = 8192, H = 7168 (one graph built, then torch.autograd.grad with
+    retain_graph, timed by do_bench): the custom ops' (composite torch ops that recompute the
+    projection and the 24 gates a token) against eager autograd of the float32 torch reference."""
+    import torch
+
+    from kernelnotes.mhc import mhc_post, mhc_pre
+    from kernelnotes.mhc.torch_reference import mhc_post_torch, mhc_pre_torch
+
+    T, H = (1024, 7168) if quick else (8192, 7168)
+    residual, fn, scale, base, _, _, layer_out, post, comb = make_inputs(T, H)
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    rows = []
+    for op, impls in (("mhc_pre backward", {"triton": mhc_pre, "eager": mhc_pre_torch}),
+                      ("mhc_post backward", {"triton": mhc_post, "eager": mhc_post_torch})):
+        for impl, f in impls.items():
+            if op == "mhc_pre backward":
+                ins = [t.detach().clone().requires_grad_() for t in (residual, fn, scale, base)]
+                outs = f(*ins)
+            else:
+                ins = [t.detach().clone().requires_grad_() for t in (layer_out, residual, post,
+                                                                     comb)]
+                outs = (f(*ins),)
+            cots = [torch.randn(o.shape, device=DEVICE, generator=g).to(o.dtype) for o in outs]
+
+            def backward(outs=outs, ins=ins, cots=cots):
+                torch.autograd.grad(outs, ins, cots, retain_graph=True)
+
+            p50, p20, p80 = bench_ms(backward, warmup_ms=10 if quick else 25,
+                                     rep_ms=40 if quick else 100)
+            rows.append({"op": op, "impl": impl, "T": T, "H": H, "ms": p50, "ms_p20": p20,
+                         "ms_p80": p80})
+            del outs, ins, cots
+            torch.cuda.empty_cache()
     return rows
 
 
 def summary(rows: list[dict], meta: dict) -> str:
     copy = meta["copy_gbs"]
-    ms = {(r["op"], r["impl"], r["T"], r["H"]): r["ms"] for r in rows if r.get("ms")}
+    ms = {(r["op"], r["impl"], r["T"], r["H"]): r["ms"] for r in rows
+          if r.get("ms") and "timing" not in r}
     gbs = {(r["op"], r["impl"], r["T"], r["H"]): r["gbs"] for r in rows if r.get("ms")}
     lines = [f"mHC, copy ceiling {copy:.0f} GB/s"]
     for H in sorted({r["H"] for r in rows}):
@@ -215,6 +310,18 @@ def summary(rows: list[dict], meta: dict) -> str:
             once = ms.get(("mhc_pre", SPLIT_ONCE, T, H))
             if once:
                 lines.append(f"mhc_pre T={T} H={H}, fn split once: {1e3 * once:.1f} us")
+    for op in ("mhc_pre backward", "mhc_post backward"):
+        ours, eager = (next((r for r in rows if r["op"] == op and r["impl"] == impl), None)
+                       for impl in ("triton", "eager"))
+        if ours and eager:
+            lines.append(f"{op} T={ours['T']} H={ours['H']}: {1e3 * ours['ms']:.1f} us, eager "
+                         f"autograd {1e3 * eager['ms']:.1f} us ({eager['ms'] / ours['ms']:.2f}x; "
+                         "target >= 1x)")
+    for r in rows:
+        if r["impl"] == REDUCE_OVERHEAD and r.get("ms"):
+            direct = ms.get((r["op"], "triton", r["T"], r["H"]))
+            lines.append(f"{r['op']} T={r['T']} H={r['H']}: direct {1e3 * direct:.1f} us, "
+                         f"reduce-overhead {1e3 * r['ms']:.1f} us" if direct else "")
     for r in rows:
         if r["op"] == "mhc_pre phases":
             lines.append(f"mhc_pre T={r['T']} H={r['H']} phases (us): " + ", ".join(

@@ -145,23 +145,6 @@ def test_outputs_fully_written(monkeypatch):
         assert not torch.isnan(o).any()
 
 
-def test_metadata_programs_alone_leave_layer_input_as_given():
-    """The big-fuse launch given a layer_input that another kernel wrote (the one-pass design
-    study's path): C_l and comb as the whole launch gives them, layer_input not touched."""
-    from kernelnotes.mhc import kernel
-
-    T, H = 33, 72
-    residual, fn, scale, base = make_inputs(T, H)
-    flat = residual.flatten(1).float()
-    dot, sq = (flat @ fn.T).contiguous(), flat.square().sum(-1).contiguous()
-    whole = mhc_pre_from_mixes(dot, sq, residual, scale, base, config=STREAM_CFG)
-    given = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    li, post, comb = kernel._fuse(dot[None], sq[None], residual, scale, base, 1e-6, 1e-6, 1e-6,
-                                  2.0, 20, None, reverse=False, layer_input=given)
-    assert li is given and li.isnan().all()
-    assert torch.equal(post, whole[1]) and torch.equal(comb, whole[2])
-
-
 @pytest.mark.parametrize("T,H", [(5, 100), pytest.param(8192, 7168, marks=pytest.mark.gpu)])
 def test_split_fn_once_gives_the_same_bits(T, H):
     """fn split once by split_fn (as a model does when its weights load) and passed to mhc_pre:
@@ -317,7 +300,8 @@ def test_autotuned_path_matches_fixed_config():
 
 def test_run_tuned_tunes_a_bucket_once_then_launches_its_choice(monkeypatch):
     """_run_tuned with stand-ins for the autotuned kernel: the first T of a power-of-two bucket
-    runs the autotuner; later T of the bucket launch the chosen config, on a grid of their own."""
+    runs the autotuner; later T of the bucket launch the jit kernel with the chosen config
+    (Triton's public launch, kernel[grid](...)), on a grid of their own."""
     calls = []
 
     class Kernel:  # the jit function: kernel[grid](*args, **constexprs)
@@ -325,77 +309,31 @@ def test_run_tuned_tunes_a_bucket_once_then_launches_its_choice(monkeypatch):
             return lambda *args, **consts: calls.append(("launch", grid, consts))
 
     class Tuned:  # the autotuner around it
-        fn = Kernel()
         best_config = triton.Config({"BLOCK_T": 4}, num_warps=2)
 
         def __getitem__(self, grid):
             return lambda *args, **consts: calls.append(("tune", None, consts))
 
     monkeypatch.setattr(K, "_CHOSEN", {})
-    tuned, x = Tuned(), torch.zeros(1)  # a CPU tensor: _launch takes the interpreter's path
+    tuned, x = Tuned(), torch.zeros(1)
     for T in (600, 1000, 1024, 1025):
         key = ("post", 64, K._tokens_key(T), x.device)
-        K._run_tuned(tuned, lambda m, T=T: (triton.cdiv(T, m["BLOCK_T"]),), key, x, T, S_MAX=2)
+        K._run_tuned(tuned, Kernel(), lambda m, T=T: (triton.cdiv(T, m["BLOCK_T"]),), key, x, T,
+                     S_MAX=2)
     assert [c[0] for c in calls] == ["tune", "launch", "launch", "tune"]
     assert calls[0][2] == {"S_MAX": 2}
     assert calls[1][1:] == ((250,), {"S_MAX": 2, **Tuned.best_config.all_kwargs()})
     assert calls[2][1] == (256,)
 
 
-@pytest.mark.parametrize("hooked", [False, True])
-def test_direct_launch_calls_the_launcher_as_tritons_runner_does(hooked, monkeypatch):
-    """_launch with stand-ins for a compiled kernel on a GPU: its first call goes through the jit
-    launch; the second calls the compiled kernel's launcher itself, with exactly the arguments
-    that this Triton's own runner (``CompiledKernel.__getitem__``) passes it for the same grid,
-    stream and arguments, launch hooks included. Run by the suite on both machines, this checks
-    the call against the CPU's current Triton and the GPU machine's 3.6 alike."""
-    from triton import knobs
-    from triton.compiler.compiler import CompiledKernel
+def test_kernel_module_uses_no_triton_internals():
+    """The launchers go through Triton's public launch (kernel[grid](...)), not the compiled
+    kernel's private runner (CompiledKernel.run, packed_metadata) or the driver."""
+    import inspect
 
-    runs = []
-
-    class Compiled:  # what kernel[grid](...) returns: the compiled kernel, its handles loaded
-        function, packed_metadata = "function handle", ("packed", "metadata")
-
-        def _init_handles(self):
-            pass
-
-        def launch_metadata(self, grid, stream, *args):  # as CompiledKernel's: None unhooked
-            return None if knobs.runtime.launch_enter_hook is None else (grid, stream, args)
-
-        def run(self, *launcher_args):
-            runs.append(launcher_args)
-
-    compiled = Compiled()
-
-    class Kernel:  # the jit function; its launch compiles, launches, returns the compiled kernel
-        arg_names = ["x_ptr", "n", "BLOCK"]
-
-        def __getitem__(self, grid):
-            return lambda *args, **consts: compiled
-
-    class Active:  # triton.runtime.driver.active, as the GPU machine's
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device):
-            return 0xC0FFEE
-
-    class OnGpu:  # an argument on a CUDA device
-        class device:
-            type = "cuda"
-
-    monkeypatch.setattr(K, "_COMPILED", {})
-    monkeypatch.setattr(K, "driver", types.SimpleNamespace(active=Active()))
-    hooks = (lambda meta: None, lambda meta: None) if hooked else (None, None)
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hooks[0])
-    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", hooks[1])
-    x = OnGpu()
-    for _ in range(2):
-        K._launch(Kernel(), (5, 3), ("stand-in",), (x, 7), {"BLOCK": 16})
-    assert len(runs) == 1  # the first call was the jit launch
-    CompiledKernel.__getitem__(compiled, (5, 3, 1))(x, 7, 16, stream=0xC0FFEE)
-    assert runs[0] == runs[1]
+    src = inspect.getsource(K)
+    for private in ("packed_metadata", "compiled.run", "triton.runtime", "knobs", "driver"):
+        assert private not in src, private
 
 
 @pytest.mark.gpu
@@ -467,29 +405,6 @@ def test_every_autotune_candidate_writes_everything_and_repeats(T, H, i, monkeyp
 
 
 @pytest.mark.gpu
-def test_direct_launch_specialises_on_alignment(monkeypatch):
-    # A launcher's first call of a shape goes through Triton's jit (which compiles for the
-    # arguments' alignment); later calls launch that compiled kernel directly (kernel._launch).
-    # A residual 2 bytes off 16-byte alignment needs a kernel without aligned vector loads: were
-    # the cache to hand it the aligned one, the launch would fault or give other bits.
-    poison_allocations(monkeypatch)  # an element no launch writes shows as NaN
-    T, H = 1000, 4096
-    residual, fn, scale, base = make_inputs(T, H)
-    shifted = torch.empty(residual.numel() + 1, dtype=torch.bfloat16, device=DEVICE)[1:]
-    shifted = shifted.view_as(residual).copy_(residual)
-    assert shifted.data_ptr() % 16 and shifted.is_contiguous()
-    x = residual[:, 1].contiguous()
-    post, comb = torch.rand(T, 4, device=DEVICE), torch.rand(T, 4, 4, device=DEVICE)
-    first = {}
-    for call, (name, res) in enumerate([("aligned", residual), ("shifted", shifted)] * 3):
-        got = (*mhc_pre(res, fn, scale, base), mhc_post(x, res, post, comb))
-        assert_written_and_repeated(got, first.setdefault(name, got), f"call {call} ({name})")
-    # the two compiled kernels may sum sum(x^2) in another order: close, not equal
-    for a, b in zip(first["aligned"], first["shifted"], strict=True):
-        assert rel_err(a, b) < (TOL_BF16 if a.dtype == torch.bfloat16 else TOL_GATES_PROJECTED)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("T,H", [(1000, 4096), (8192, 7168), (777, 4000)])
 def test_wide_projection_tile_gives_the_64_token_tiles_bits(T, H, monkeypatch):
     """Where its grid fills the GPU, mhc_pre projects with 128-token tiles (PROJECT_TILE_WIDE),
@@ -502,7 +417,7 @@ def test_wide_projection_tile_gives_the_64_token_tiles_bits(T, H, monkeypatch):
     S = 2
     got = {}
     for name in ("PROJECT_TILE", "PROJECT_TILE_WIDE"):
-        config = {"project": dict(getattr(K, name)), "fuse": {}}
+        config = dict(getattr(K, name))
         first = K._project(residual, w, S, config)
         again = K._project(residual, w, S, config)
         for out, a, b in zip(("dot_mix", "sqrsum"), first, again, strict=True):
@@ -520,23 +435,6 @@ def test_wide_projection_tile_only_where_its_grid_fills_the_gpu():
     assert K._fills(8192, 2, 132) and K._fills(1024, 16, 132)
     assert not K._fills(512, 16, 132) and not K._fills(8192, 1, 132)
     assert K._fills(1000, 15, 132) == (8 * 15 >= K.FILL * 132)
-
-
-@pytest.mark.gpu
-def test_direct_launches_call_the_launch_hooks():
-    """After its first call, mhc_pre launches its compiled kernels itself (kernel._launch), not
-    through Triton's runner; a profiler's launch hook (Proton's) must still see every launch."""
-    from triton import knobs
-
-    residual, fn, scale, base = make_inputs(33, 256)
-    mhc_pre(residual, fn, scale, base)  # compiles and caches the three kernels
-    seen = []
-    knobs.runtime.launch_enter_hook = lambda meta: seen.append(meta.get()["name"])
-    try:
-        mhc_pre(residual, fn, scale, base)
-    finally:
-        knobs.runtime.launch_enter_hook = None
-    assert seen == ["_mhc_split_fn_kernel", "_mhc_project_kernel", "_mhc_pre_fuse_kernel"]
 
 
 @pytest.mark.parametrize("tile", ["PROJECT_TILE", "PROJECT_TILE_WIDE"])
@@ -646,103 +544,428 @@ print(json.dumps({"project": order(project), "fuse": order(fuse), "split": order
     assert ops["project"].index("griddepcontrol.launch_dependents") > max(reads), ops["project"]
 
 
-# ---- refusals ----------------------------------------------------------------------------------
+# ---- refusals: one table of bad inputs per public function ----------------------------------
+# Each row: (kind, a function of the good keyword arguments giving the bad ones, the expected
+# outcome). The outcome is (TypeError or ValueError, a regex naming the argument), or "reference":
+# the call succeeds and gives what the float32 torch reference gives (NaN where it has NaN).
 
-def test_refusals_pre():
-    residual, fn, scale, base = make_inputs(2, 64)
-    with pytest.raises(TypeError, match="residual must have dtype"):
-        mhc_pre(residual.float(), fn, scale, base, config=PRE_CFG)
-    with pytest.raises(ValueError, match=r"residual must be \[T, 4, H\]"):
-        mhc_pre(residual[:, :3].contiguous(), fn, scale, base, config=PRE_CFG)
-    with pytest.raises(ValueError, match="residual must not be empty"):
-        mhc_pre(residual[:0], fn, scale, base, config=PRE_CFG)
-    with pytest.raises(ValueError, match="residual must be contiguous"):
-        mhc_pre(residual.transpose(0, 1), fn, scale, base, config=PRE_CFG)
-    with pytest.raises(ValueError, match=r"fn must have shape \(24, 4H\)"):
-        mhc_pre(residual, fn[:, :-1].contiguous(), scale, base, config=PRE_CFG)
-    with pytest.raises(TypeError, match="fn must have dtype"):
-        mhc_pre(residual, fn.double(), scale, base, config=PRE_CFG)
-    with pytest.raises(ValueError, match=r"a split fn \(bfloat16\) must have shape \(2, 24, 4H\)"):
-        mhc_pre(residual, fn.bfloat16(), scale, base, config=PRE_CFG)
-    with pytest.raises(ValueError, match=r"a split fn .* got \(2, 24, 252\)"):
-        mhc_pre(residual, split_fn(fn)[..., :-4].contiguous(), scale, base, config=PRE_CFG)
-    with pytest.raises(TypeError, match="fn must have dtype"):
-        split_fn(fn.double())
-    with pytest.raises(ValueError, match=r"fn must have shape \(24, 4H\) with H >= 1"):
-        split_fn(fn[:23])
-    with pytest.raises(ValueError, match=r"fn must have shape \(24, 4H\) with H >= 1"):
-        split_fn(fn[:, :-1].contiguous())
-    with pytest.raises(ValueError, match="fn must have 2 dimensions"):
-        split_fn(fn[None])
-    with pytest.raises(ValueError, match="fn is on meta"):
-        split_fn(fn.to("meta"))
-    with pytest.raises(ValueError, match=r"scale must have shape \(3,\)"):
-        mhc_pre(residual, fn, base, base, config=PRE_CFG)
-    with pytest.raises(ValueError, match=r"base must have shape \(24,\)"):
-        mhc_pre(residual, fn, scale, scale, config=PRE_CFG)
-    with pytest.raises(ValueError, match="scale is on meta"):
-        mhc_pre(residual, fn, scale.to("meta"), base, config=PRE_CFG)
-    with pytest.raises(ValueError, match="sinkhorn_eps must be a finite number > 0"):
-        mhc_pre(residual, fn, scale, base, sinkhorn_eps=0.0, config=PRE_CFG)
-    with pytest.raises(ValueError, match="rms_eps must be a finite number > 0"):
-        mhc_pre(residual, fn, scale, base, rms_eps=-1e-6, config=PRE_CFG)
-    with pytest.raises(TypeError, match="pre_eps must be a real number, got str"):
-        mhc_pre(residual, fn, scale, base, pre_eps="1e-6", config=PRE_CFG)
-    with pytest.raises(ValueError, match="post_mult must be a finite number, got inf"):
-        mhc_pre(residual, fn, scale, base, post_mult=float("inf"), config=PRE_CFG)
-    with pytest.raises(ValueError, match="sinkhorn_iters must be an int >= 1"):
-        mhc_pre(residual, fn, scale, base, sinkhorn_iters=0, config=PRE_CFG)
-    with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
-        mhc_pre(residual, fn, scale, base, num_splits=0, config=PRE_CFG)
-    with pytest.raises(ValueError, match="residual is on"):
-        mhc_pre(residual.to("meta"), fn, scale, base, config=PRE_CFG)
+def _good(T=2, H=64):
+    residual, fn, scale, base = make_inputs(T, H)
+    flat = residual.flatten(1).float()
+    return dict(residual=residual, fn=fn, scale=scale, base=base,
+                dot_mix=(flat @ fn.T).contiguous(), sqrsum=flat.square().sum(-1).contiguous(),
+                x=residual[:, 1].contiguous(), post_mix=2 * torch.rand(T, 4, device=DEVICE),
+                comb_mix=torch.rand(T, 4, 4, device=DEVICE))
+
+
+def _with(**changes):
+    return lambda a: {**a, **{k: (v(a) if callable(v) else v) for k, v in changes.items()}}
+
+
+def _set(name, index, value):
+    def change(a):
+        t = a[name].clone()
+        t[index] = value
+        return t
+    return change
+
+
+NAN, INF = float("nan"), float("inf")
+PRE_BAD = [
+    ("wrong dtype", _with(residual=lambda a: a["residual"].float()), (TypeError, "residual")),
+    ("mixed dtypes", _with(fn=lambda a: a["fn"].double()), (TypeError, "fn")),
+    ("mixed dtypes (scale)", _with(scale=lambda a: a["scale"].half()), (TypeError, "scale")),
+    ("not a tensor", _with(residual=lambda a: a["residual"].tolist()), (TypeError, "residual")),
+    ("wrong rank", _with(residual=lambda a: a["residual"][0]), (ValueError, "residual")),
+    ("wrong stream count", _with(residual=lambda a: a["residual"][:, :3].contiguous()),
+     (ValueError, "residual")),
+    ("mismatched shapes", _with(fn=lambda a: a["fn"][:, :-4].contiguous()), (ValueError, "fn")),
+    ("mismatched shapes (base)", _with(base=lambda a: a["base"][:3]), (ValueError, "base")),
+    ("empty", _with(residual=lambda a: a["residual"][:0]), (ValueError, "residual")),
+    ("non-contiguous", _with(residual=lambda a: a["residual"].transpose(0, 1)),
+     (ValueError, "residual")),
+    ("wrong device", _with(scale=lambda a: a["scale"].to("meta")), (ValueError, "scale")),
+    ("wrong device (residual)", _with(residual=lambda a: a["residual"].to("meta")),
+     (ValueError, "residual")),
+    ("non-finite eps", _with(rms_eps=NAN), (ValueError, "rms_eps")),
+    ("non-positive eps", _with(sinkhorn_eps=0.0), (ValueError, "sinkhorn_eps")),
+    ("non-finite post_mult", _with(post_mult=INF), (ValueError, "post_mult")),
+    ("string hyperparameter", _with(pre_eps="1e-6"), (TypeError, "pre_eps")),
+    ("bool sinkhorn_iters", _with(sinkhorn_iters=True), (TypeError, "sinkhorn_iters")),
+    ("zero sinkhorn_iters", _with(sinkhorn_iters=0), (ValueError, "sinkhorn_iters")),
+    ("float num_splits", _with(num_splits=2.0), (TypeError, "num_splits")),
+    ("invalid config", _with(config={"fuse": {"BLOCK_T": 4, "BLOCK_H": 64}}),
+     (ValueError, "config")),
+    ("NaN in residual", _with(residual=_set("residual", (1, 2, 3), NAN)), "reference"),
+    ("inf in residual", _with(residual=_set("residual", (0, 0, 5), INF)), "reference"),
+    ("inf in fn (a pre row)", _with(fn=_set("fn", (1, 7), INF)), "reference"),
+    ("-inf in fn (a post row)", _with(fn=_set("fn", (5, 9), -INF)), "reference"),
+    ("inf in fn (a comb row)", _with(fn=_set("fn", (9, 3), INF)), "reference"),
+]
+FROM_MIXES_BAD = [
+    ("wrong dtype", _with(dot_mix=lambda a: a["dot_mix"].double()), (TypeError, "dot_mix")),
+    ("mixed dtypes", _with(sqrsum=lambda a: a["sqrsum"].half()), (TypeError, "sqrsum")),
+    ("wrong residual dtype", _with(residual=lambda a: a["residual"].float()),
+     (TypeError, "residual")),
+    ("wrong rank", _with(dot_mix=lambda a: a["dot_mix"][None, None]), (ValueError, "dot_mix")),
+    ("mismatched shapes", _with(dot_mix=lambda a: a["dot_mix"][:1]), (ValueError, "dot_mix")),
+    ("mismatched splits", _with(sqrsum=lambda a: a["sqrsum"][None].expand(2, -1).contiguous()),
+     (ValueError, "sqrsum")),
+    ("empty", _with(residual=lambda a: a["residual"][:0], dot_mix=lambda a: a["dot_mix"][:0],
+                    sqrsum=lambda a: a["sqrsum"][:0]), (ValueError, "residual")),
+    ("non-contiguous", _with(dot_mix=lambda a: a["dot_mix"].t().contiguous().t()),
+     (ValueError, "dot_mix")),
+    ("wrong device", _with(sqrsum=lambda a: a["sqrsum"].to("meta")), (ValueError, "sqrsum")),
+    ("non-finite eps", _with(pre_eps=INF), (ValueError, "pre_eps")),
+    ("bool sinkhorn_iters", _with(sinkhorn_iters=False), (TypeError, "sinkhorn_iters")),
+    ("invalid config", _with(config={"BLOCK_T": 4, "BLOCK_H": 100}), (ValueError, "config")),
+    ("config not a dict", _with(config=[4, 64]), (TypeError, "config")),
+    ("NaN in dot_mix", _with(dot_mix=_set("dot_mix", (0, 3), NAN)), "reference"),
+    ("inf in dot_mix", _with(dot_mix=_set("dot_mix", (1, 2), INF)), "reference"),
+]
+POST_BAD = [
+    ("wrong dtype", _with(x=lambda a: a["x"].float()), (TypeError, "x")),
+    ("mixed dtypes", _with(comb_mix=lambda a: a["comb_mix"].double()), (TypeError, "comb_mix")),
+    ("not a tensor", _with(post_mix=lambda a: a["post_mix"].tolist()), (TypeError, "post_mix")),
+    ("wrong rank", _with(x=lambda a: a["x"][None]), (ValueError, "x")),
+    ("mismatched shapes", _with(x=lambda a: a["x"][:, :-1].contiguous()), (ValueError, "x")),
+    ("mismatched shapes (post_mix)", _with(post_mix=lambda a: a["post_mix"][:, :3].contiguous()),
+     (ValueError, "post_mix")),
+    ("mismatched shapes (comb_mix)", _with(comb_mix=lambda a: a["comb_mix"][:1]),
+     (ValueError, "comb_mix")),
+    ("empty", _with(residual=lambda a: a["residual"][:0], x=lambda a: a["x"][:0]),
+     (ValueError, "residual")),
+    ("non-contiguous", _with(comb_mix=lambda a: a["comb_mix"].transpose(1, 2)),
+     (ValueError, "comb_mix")),
+    ("wrong device", _with(x=lambda a: a["x"].to("meta")), (ValueError, "x")),
+    ("invalid config", _with(config={"BLOCK_T": 2}), (ValueError, "config")),
+    ("non-int config entry", _with(config={"BLOCK_T": 2, "BLOCK_H": 64, "num_warps": 2.5}),
+     (ValueError, "config")),
+    ("NaN in post_mix", _with(post_mix=_set("post_mix", (0, 1), NAN)), "reference"),
+    ("inf in x", _with(x=_set("x", (1, 3), INF)), "reference"),
+]
+SPLIT_FN_BAD = [
+    ("wrong dtype", _with(fn=lambda a: a["fn"].double()), (TypeError, "fn")),
+    ("bf16 fn", _with(fn=lambda a: a["fn"].bfloat16()), (TypeError, "fn")),
+    ("not a tensor", _with(fn=lambda a: a["fn"].tolist()), (TypeError, "fn")),
+    ("wrong rank", _with(fn=lambda a: a["fn"][None]), (ValueError, "fn")),
+    ("wrong row count", _with(fn=lambda a: a["fn"][:23]), (ValueError, "fn")),
+    ("K not a multiple of 4", _with(fn=lambda a: a["fn"][:, :-1].contiguous()), (ValueError, "fn")),
+    ("empty", _with(fn=lambda a: a["fn"][:, :0]), (ValueError, "fn")),
+    ("non-contiguous", _with(fn=lambda a: a["fn"][:, ::2]), (ValueError, "fn")),
+    ("wrong device", _with(fn=lambda a: a["fn"].to("meta")), (ValueError, "fn")),
+    ("inf in fn", _with(fn=_set("fn", (2, 5), INF)), "split"),
+    ("huge finite fn", _with(fn=_set("fn", (3, 1), 3.4e38)), "split"),
+]
+
+
+def _call(name, a):
+    a = dict(a)
+    if name == "mhc_pre":
+        kw = {k: a.pop(k) for k in list(a) if k not in ("residual", "fn", "scale", "base")}
+        kw = {k: v for k, v in kw.items() if k not in ("dot_mix", "sqrsum", "x", "post_mix",
+                                                        "comb_mix")}
+        kw.setdefault("config", PRE_CFG)
+        return mhc_pre(a["residual"], a["fn"], a["scale"], a["base"], **kw)
+    if name == "mhc_pre_from_mixes":
+        kw = {k: v for k, v in a.items() if k in ("rms_eps", "pre_eps", "sinkhorn_eps",
+                                                  "post_mult", "sinkhorn_iters", "config")}
+        kw.setdefault("config", STREAM_CFG)
+        return mhc_pre_from_mixes(a["dot_mix"], a["sqrsum"], a["residual"], a["scale"],
+                                  a["base"], **kw)
+    if name == "mhc_post":
+        return mhc_post(a["x"], a["residual"], a["post_mix"], a["comb_mix"],
+                        config=a.get("config", STREAM_CFG))
+    return split_fn(a["fn"])
+
+
+def _reference(name, a):
+    from kernelnotes.mhc.torch_reference import mhc_pre_from_mixes_torch
+
+    if name == "mhc_pre":
+        return mhc_pre_torch(a["residual"], a["fn"], a["scale"], a["base"])
+    if name == "mhc_pre_from_mixes":
+        return mhc_pre_from_mixes_torch(a["dot_mix"][None], a["sqrsum"][None], a["residual"],
+                                        a["scale"], a["base"])
+    return mhc_post_torch(a["x"], a["residual"], a["post_mix"], a["comb_mix"])
+
+
+def _same_as_reference(got, ref):
+    """NaN exactly where the reference has NaN, infinities where it has them, the rest close."""
+    got = (got,) if isinstance(got, torch.Tensor) else tuple(got)
+    ref = (ref,) if isinstance(ref, torch.Tensor) else tuple(ref)
+    for g, r in zip(got, ref, strict=True):
+        g, r = g.float().cpu(), r.float().cpu()
+        assert torch.equal(g.isnan(), r.isnan()), "NaN where the reference has none, or not"
+        assert torch.equal(g.isinf(), r.isinf()) and torch.equal(g[g.isinf()], r[r.isinf()])
+        fin = g.isfinite()
+        assert torch.allclose(g[fin], r[fin], rtol=2e-2, atol=2e-3)
+
+
+BAD_INPUTS = [pytest.param(name, kind, bad, want, id=f"{name}: {kind}")
+              for name, table in (("mhc_pre", PRE_BAD), ("mhc_pre_from_mixes", FROM_MIXES_BAD),
+                                  ("mhc_post", POST_BAD), ("split_fn", SPLIT_FN_BAD))
+              for kind, bad, want in table]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name,kind,bad,want", BAD_INPUTS)
+def test_bad_input(name, kind, bad, want):
+    args = bad(_good())
+    if want == "reference":
+        _same_as_reference(_call(name, args), _reference(name, args))
+    elif want == "split":  # hi + lo is fn: an inf carried whole by hi, a huge value finite
+        parts = _call(name, args).float()
+        assert torch.equal(parts[0] + parts[1], (parts[0].double() + parts[1].double()).float())
+        fn = args["fn"]
+        assert torch.equal((parts[0] + parts[1]).isinf(), fn.isinf())
+        fin = fn.isfinite()
+        err = ((parts[0].double() + parts[1].double() - fn.double())[fin].abs()
+               / fn.double()[fin].abs().clamp_min(1e-30))
+        assert err.max() <= 2.0**-16
+    else:
+        exc, match = want
+        with pytest.raises(exc, match=match):
+            _call(name, args)
+
+
+def test_bad_input_tables_have_eight_kinds_each():
+    for table in (PRE_BAD, FROM_MIXES_BAD, POST_BAD, SPLIT_FN_BAD):
+        assert len({kind.split(" (")[0] for kind, *_ in table}) >= 8
 
 
 def test_refusals_of_configs():
     residual, fn, scale, base = make_inputs(2, 64)
-    x, post, comb = residual[:, 0].contiguous(), torch.rand(2, 4, device=DEVICE), \
-        torch.rand(2, 4, 4, device=DEVICE)
-    dot, sq = torch.zeros(2, 24, device=DEVICE), torch.ones(2, device=DEVICE)
-    with pytest.raises(ValueError, match="keys 'project' and 'fuse'"):
-        mhc_pre(residual, fn, scale, base, config={"fuse": STREAM_CFG})
-    bad_k = {"project": {**PRE_CFG["project"], "BLOCK_K": 48}, "fuse": STREAM_CFG}
     with pytest.raises(ValueError, match=r"config\['project'\] BLOCK_K=48 must be a power of two "
                                          r">= 16 dividing 256$"):
-        mhc_pre(residual, fn, scale, base, config=bad_k)
-    small_t = {"project": {**PRE_CFG["project"], "BLOCK_T": 8}, "fuse": STREAM_CFG}
+        mhc_pre(residual, fn, scale, base,
+                config={"project": {**PRE_CFG["project"], "BLOCK_K": 48}, "fuse": STREAM_CFG})
     with pytest.raises(ValueError, match=r"config\['project'\] BLOCK_T=8 must be a power of two "
                                          r">= 16$"):
-        mhc_pre(residual, fn, scale, base, config=small_t)
+        mhc_pre(residual, fn, scale, base,
+                config={"project": {**PRE_CFG["project"], "BLOCK_T": 8}, "fuse": STREAM_CFG})
+    with pytest.raises(ValueError, match=r"a split fn .* got \(2, 24, 252\)"):
+        mhc_pre(residual, split_fn(fn)[..., :-4].contiguous(), scale, base, config=PRE_CFG)
+    x = residual[:, 0].contiguous()
+    post, comb = torch.rand(2, 4, device=DEVICE), torch.rand(2, 4, 4, device=DEVICE)
     with pytest.raises(ValueError, match=r"config must set exactly BLOCK_T, BLOCK_H \(and may set "
                                          r"num_warps, num_stages\): missing BLOCK_H$"):
         mhc_post(x, residual, post, comb, config={"BLOCK_T": 2})
     with pytest.raises(ValueError, match=r"\): unknown BLOCK_K$"):
         mhc_post(x, residual, post, comb, config={**STREAM_CFG, "BLOCK_K": 64})
-    with pytest.raises(ValueError, match=r"config BLOCK_H=100 must be a power of two >= 1$"):
-        mhc_pre_from_mixes(dot, sq, residual, scale, base, config={**STREAM_CFG, "BLOCK_H": 100})
-    with pytest.raises(TypeError, match="config must be a dict"):
-        mhc_pre_from_mixes(dot, sq, residual, scale, base, config=[2, 1024])
 
 
-def test_refusals_from_mixes_and_post():
-    residual, fn, scale, base = make_inputs(2, 64)
-    dot, sq = torch.zeros(2, 24, device=DEVICE), torch.ones(2, device=DEVICE)
-    with pytest.raises(ValueError, match=r"dot_mix must be \[T, 24\] or \[S, T, 24\]"):
-        mhc_pre_from_mixes(dot[:1], sq, residual, scale, base, config=STREAM_CFG)
-    with pytest.raises(ValueError, match=r"sqrsum must be \[T\] or \[S, T\]"):
-        mhc_pre_from_mixes(dot, sq[:1], residual, scale, base, config=STREAM_CFG)
-    with pytest.raises(TypeError, match="dot_mix must have dtype"):
-        mhc_pre_from_mixes(dot.double(), sq, residual, scale, base, config=STREAM_CFG)
-    x = residual[:, 0].contiguous()
-    post, comb = torch.ones(2, 4, device=DEVICE), torch.ones(2, 4, 4, device=DEVICE)
-    with pytest.raises(ValueError, match=r"x must have shape \(T, H\)"):
-        mhc_post(x[:, :-1].contiguous(), residual, post, comb, config=STREAM_CFG)
-    with pytest.raises(ValueError, match=r"post_mix must have shape"):
-        mhc_post(x, residual, post[:, :3].contiguous(), comb, config=STREAM_CFG)
-    with pytest.raises(ValueError, match=r"comb_mix must have shape"):
-        mhc_post(x, residual, post, comb[:, :3].contiguous(), config=STREAM_CFG)
-    with pytest.raises(TypeError, match="x must have dtype"):
-        mhc_post(x.float(), residual, post, comb, config=STREAM_CFG)
+# ---- drop-in ops: custom ops, fake tensors, torch.compile, autograd -------------------------
+
+def _small(T=3, H=16):
+    residual, fn, scale, base = make_inputs(T, H, seed=7)
+    x = residual[:, 2].contiguous()
+    post, comb = 2 * torch.rand(T, 4, device=DEVICE), torch.rand(T, 4, 4, device=DEVICE)
+    return residual, fn, scale, base, x, post, comb
+
+
+def test_public_ops_are_kernelnotes_custom_ops():
+    for name in ("mhc_pre", "mhc_pre_from_mixes", "mhc_post", "mhc_split_fn"):
+        assert hasattr(torch.ops.kernelnotes, name), name
+
+
+def test_opcheck():
+    residual, fn, scale, base, x, post, comb = _small()
+    eps = (1e-6, 1e-6, 1e-6, 2.0, 20)
+    flat = residual.flatten(1).float()
+    dot, sq = (flat @ fn.T)[None].contiguous(), flat.square().sum(-1)[None].contiguous()
+    cases = [(K._mhc_pre_op, (residual, fn, scale, base, *eps, None, None)),
+             (K._mhc_pre_from_mixes_op, (dot, sq, residual, scale, base, *eps, None)),
+             (K._mhc_post_op, (x, residual, post, comb, None)),
+             (K._split_fn_op, (fn,))]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+def test_fake_tensor_mode_gives_shapes_and_dtypes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    T, H = 5, 24
+    with FakeTensorMode():
+        residual = torch.empty(T, 4, H, dtype=torch.bfloat16, device=DEVICE)
+        fn = torch.empty(24, 4 * H, device=DEVICE)
+        scale, base = torch.empty(3, device=DEVICE), torch.empty(24, device=DEVICE)
+        li, post, comb = mhc_pre(residual, fn, scale, base)
+        li2, post2, comb2 = mhc_pre_from_mixes(torch.empty(2, T, 24, device=DEVICE),
+                                               torch.empty(2, T, device=DEVICE), residual, scale,
+                                               base)
+        out = mhc_post(li, residual, post, comb)
+        parts = split_fn(fn)
+    assert li.shape == li2.shape == (T, H) and li.dtype == torch.bfloat16
+    assert post.shape == post2.shape == (T, 4) and post.dtype == torch.float32
+    assert comb.shape == comb2.shape == (T, 4, 4) and comb.dtype == torch.float32
+    assert out.shape == (T, 4, H) and out.dtype == torch.bfloat16
+    assert parts.shape == (2, 24, 4 * H) and parts.dtype == torch.bfloat16
+
+
+def _layer(residual, fn, scale, base, x):
+    li, post, comb = mhc_pre(residual, fn, scale, base)
+    return li, mhc_post(li + x, residual, post, comb)
+
+
+def test_compile_fullgraph_aot_eager_matches_eager():
+    args = _small()[:5]
+    eager = _layer(*args)
+    compiled = torch.compile(_layer, fullgraph=True, backend="aot_eager")(*args)
+    for a, b in zip(eager, compiled, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_compile_fullgraph_inductor_matches_eager():
+    args = _small(64, 4096)[:5]
+    eager = _layer(*args)
+    compiled = torch.compile(_layer, fullgraph=True)(*args)
+    for a, b in zip(eager, compiled, strict=True):
+        assert torch.equal(a, b)
+
+
+def _pre_f64(residual, fn, scale, base, **kw):
+    """mhc_pre in float64 by torch ops: an independent reference for the gradients."""
+    from kernelnotes.mhc.torch_reference import gates_torch
+
+    T, _, H = residual.shape
+    x = residual.reshape(T, -1)
+    rstd = torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
+    pre, post, comb = gates_torch((x @ fn.T) * rstd, scale, base, **kw)
+    return (pre[:, :, None] * residual).sum(1), post, comb
+
+
+def _post_f64(x, residual, post, comb):
+    return post[:, :, None] * x[:, None, :] + torch.einsum("tjk,tjh->tkh", comb, residual)
+
+
+def test_backward_formulas_pass_gradcheck_in_float64():
+    """The backwards (kernel._pre_vjp, _post_vjp) are torch ops of any dtype: in float64, beside
+    the float64 forward, torch.autograd.gradcheck checks them against finite differences."""
+    residual, fn, scale, base, x, post, comb = (t.detach().cpu().double() for t in _small(2, 4))
+    kw = dict(rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6, post_mult=2.0, sinkhorn_iters=20)
+
+    class Pre(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, residual, fn, scale, base):
+            ctx.save_for_backward(residual, fn, scale, base)
+            return _pre_f64(residual, fn, scale, base, pre_eps=1e-6, sinkhorn_eps=1e-6,
+                            post_mult=2.0, sinkhorn_iters=20)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return K._pre_vjp(*ctx.saved_tensors, *grads, **kw)
+
+    class Post(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            ctx.save_for_backward(*args)
+            return _post_f64(*args)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return K._post_vjp(*ctx.saved_tensors, grad)
+
+    pre_in = [t.clone().requires_grad_() for t in (residual, fn, scale, base)]
+    assert torch.autograd.gradcheck(Pre.apply, pre_in, eps=1e-6, atol=1e-6, fast_mode=True)
+    post_in = [t.clone().requires_grad_() for t in (x, residual, post, comb)]
+    assert torch.autograd.gradcheck(Post.apply, post_in, eps=1e-6, atol=1e-6, fast_mode=True)
+
+
+def _grads(pre, post_fn, ins, cot_li, cot_out):
+    li, post, comb = pre(*ins[:4])
+    out = post_fn(ins[4], ins[0], post, comb)
+    ((li.double() * cot_li).sum() + (out.double() * cot_out).sum()).backward()
+    return [t.grad for t in ins]
+
+
+def _grads_vs_float64(T, H, seed=3):
+    """Gradients of a layer (mhc_pre, then mhc_post of its gates) with respect to residual, fn,
+    scale, base and x: the custom ops', eager autograd's of the float32 torch reference, and
+    float64 autograd's of an independent reference, all on the same (rounded) inputs."""
+    residual, fn, scale, base = make_inputs(T, H, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).bfloat16().to(DEVICE)
+    cot_li = torch.randn(T, H, generator=g, dtype=torch.float64).to(DEVICE)
+    cot_out = torch.randn(T, 4, H, generator=g, dtype=torch.float64).to(DEVICE)
+    leaves = lambda dtype=None: [(t.detach() if dtype is None else t.detach().to(dtype))  # noqa: E731
+                                 .requires_grad_() for t in (residual, fn, scale, base, x)]
+    ours = _grads(mhc_pre, mhc_post, leaves(), cot_li, cot_out)
+    eager = _grads(mhc_pre_torch, mhc_post_torch, leaves(), cot_li, cot_out)
+    want = _grads(_pre_f64, _post_f64, leaves(torch.float64), cot_li, cot_out)
+    return list(zip(("residual", "fn", "scale", "base", "x"), ours, eager, want, strict=True))
+
+
+def test_gradients_match_float64_autograd():
+    # The residual's and x's gradients come back in bf16 (the inputs' dtype): one bf16 rounding,
+    # u_bf16 relative. fn's, scale's and base's are fp32, but layer_input is bf16, so its
+    # gradient arrives rounded to bf16 (2^-9), in the op as in eager autograd of the float32
+    # torch reference, which rounds its output the same way: held to a multiple of its error.
+    for name, got, eager, want in _grads_vs_float64(3, 40):
+        if name in ("residual", "x"):
+            assert rel_err(got, want) < TOL_BF16, name
+        else:
+            assert rel_err(got, want) < 4 * rel_err(eager, want) + 1e-5, name
+
+
+@pytest.mark.gpu
+def test_gradients_match_float64_autograd_at_full_size():
+    for name, got, eager, want in _grads_vs_float64(1024, 7168):
+        if name in ("residual", "x"):
+            assert rel_err(got, want) < TOL_BF16, name
+        else:
+            assert rel_err(got, want) < 4 * rel_err(eager, want) + 1e-5, name
+
+
+def test_split_fn_refuses_to_drop_a_gradient():
+    fn = make_inputs(2, 16)[1].requires_grad_()
+    with pytest.raises(RuntimeError, match="mhc_split_fn has no backward"):
+        split_fn(fn)
+    with torch.no_grad():
+        assert split_fn(fn).shape == (2, 24, 64)
+
+
+def test_split_fn_parts_get_fns_gradient():
+    """fn = hi + lo: given the parts, mhc_pre gives each part the gradient that fn would get."""
+    residual, fn, scale, base = make_inputs(2, 16)
+    parts = split_fn(fn).requires_grad_()
+    f = fn.clone().requires_grad_()
+    mhc_pre(residual, parts, scale, base).layer_input.float().sum().backward()
+    mhc_pre(residual, f, scale, base).layer_input.float().sum().backward()
+    assert rel_err(parts.grad[0].float(), f.grad) < TOL_BF16
+    assert torch.equal(parts.grad[0], parts.grad[1])
+
+
+def test_from_mixes_gradients_match_float64_autograd():
+    from kernelnotes.mhc.torch_reference import gates_torch
+
+    T, H = 3, 24
+    residual, fn, scale, base = make_inputs(T, H, seed=5)
+    flat = residual.flatten(1).float()
+    dot = torch.stack([flat[:, :48] @ fn[:, :48].T, flat[:, 48:] @ fn[:, 48:].T])
+    sq = torch.stack([flat[:, :48].square().sum(-1), flat[:, 48:].square().sum(-1)])
+    ins = [t.clone().requires_grad_() for t in (dot, sq, residual, scale, base)]
+    li, post, comb = mhc_pre_from_mixes(*ins)
+    cot = torch.randn(T, H, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    ((li.float() * cot).sum() + post.sum() + (comb * comb).sum()).backward()
+    def reference(dtype):
+        ref = [t.detach().to(dtype).requires_grad_() for t in (dot, sq, residual, scale, base)]
+        rstd = torch.rsqrt(ref[1].sum(0) / (4 * H) + 1e-6)
+        pre_r, post_r, comb_r = gates_torch(ref[0].sum(0) * rstd[:, None], ref[3], ref[4])
+        li_r = (pre_r[:, :, None] * ref[2].to(pre_r.dtype)).sum(1)
+        if dtype == torch.float32:  # a bf16 output, as the op's: its gradient arrives in bf16
+            li_r = li_r.bfloat16().float()
+        ((li_r * cot.to(dtype)).sum() + post_r.sum() + (comb_r * comb_r).sum()).backward()
+        return [t.grad for t in ref]
+
+    # layer_input is bf16, so its gradient arrives rounded to bf16 (2^-9), in the op as in a
+    # float32 reference that rounds its output the same way: held to a multiple of that one's
+    want, eager = reference(torch.float64), reference(torch.float32)
+    for name, a, b, e in zip(("dot_mix", "sqrsum", "residual", "scale", "base"), ins, want, eager,
+                             strict=True):
+        tol = TOL_BF16 if name == "residual" else 4 * rel_err(e, b) + 1e-5
+        assert rel_err(a.grad, b) < tol, name
 
 
 # ---- the math (NumPy reference, float64) ----------------------------------------------------
@@ -830,178 +1053,3 @@ def test_streaming_kernels_run_near_the_memory_roofline():
 
 
 
-# ------------------------------------------------------- one-pass design study (Gluon, Hopper)
-def onepass():
-    from kernelnotes.mhc import onepass as op
-
-    return op
-
-
-def test_onepass_refuses_cpu_tensors():
-    """Gluon kernels do not run in the interpreter: on any machine a CPU tensor is refused with a
-    message that says so."""
-    residual, fn, scale, base = (t.cpu() for t in make_inputs(3, 64))
-    with pytest.raises(ValueError, match="residual is on cpu: mhc_pre_onepass needs a CUDA"):
-        onepass().mhc_pre_onepass(residual, fn, scale, base)
-
-
-def test_onepass_compiles_for_sm90_without_a_gpu():
-    """The one-pass kernel, compiled for sm_90 without the interpreter at H = 7168 (56 slices of
-    128 columns): its tile of 64 tokens x 4 streams x 128 columns (64 KiB) and the barrier fit
-    three programs in an SM's 228 KiB, and the slices report with a release and wait with an
-    acquire at GPU scope."""
-    code = r"""
-import json, triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.experimental.gluon import language as gl
-from kernelnotes.mhc import onepass as op
-lay = gl.NVMMASharedLayout.get_default_for([op.BT, op.CHUNK], gl.bfloat16)
-cx = dict(G=56, G_POW2=64, BH=128)
-sig = dict(x_desc=f"tensordesc<bf16[{op.BT}, {op.CHUNK}],{lay!r}>", w_ptr="*bf16",
-           part_ptr="*fp32", gate_ptr="*fp32", count_ptr="*i32", base_ptr="*fp32",
-           scale_ptr="*fp32", mix_ptr="*fp32", sq_ptr="*fp32", li_ptr="*bf16", T="i32", H="i32",
-           n_items="i32", n_blocks="i32", num_programs="i32", inv_k="fp32", rms_eps="fp32",
-           pre_eps="fp32", **{k: "constexpr" for k in cx})
-ck = triton.compile(GluonASTSource(fn=op._mhc_pre_onepass_kernel, signature=sig, constexprs=cx),
-                    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-ptx = ck.asm["ptx"]
-print(json.dumps(dict(shared=ck.metadata.shared, release="atom.global.gpu.acq_rel.add" in ptx,
-                      flag="atom.global.gpu.release.exch" in ptx,
-                      acquire="ld.global.gpu.acquire" in ptx)))
-"""
-    got = compiled_offline(code)
-    tile = 64 * 4 * 128 * 2
-    assert tile <= got["shared"] and onepass().PROGRAMS_PER_SM * got["shared"] <= 228 * 1024
-    assert got["release"] and got["flag"] and got["acquire"]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T,H", [(1, 64), (37, 192), (1000, 4096), (8192, 7168)])
-def test_onepass_matches_reference_and_repeats(T, H, monkeypatch):
-    """Against the float64 reference with NaN-poisoned outputs and scratch; T = 37 and 1000 leave
-    a partial token block, H = 192 takes slices of 64 columns. Two calls give the same bits: the
-    partials are summed in slice order, whichever slice arrives last."""
-    residual, fn, scale, base = make_inputs(T, H, seed=T + H)
-    poison_allocations(monkeypatch)
-    got = onepass().mhc_pre_onepass(residual, fn, scale, base)
-    again = onepass().mhc_pre_onepass(residual, fn, scale, base)
-    monkeypatch.undo()
-    check_pre(got, R.mhc_pre(f64(residual), f64(fn), f64(scale), f64(base)), TOL_GATES_PROJECTED)
-    for a, b in zip(got, again, strict=True):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.gpu
-def test_onepass_refuses_what_tma_cannot_take():
-    residual, fn, scale, base = make_inputs(3, 100)
-    with pytest.raises(ValueError, match="H = 100: mhc_pre_onepass needs H a multiple of 64"):
-        onepass().mhc_pre_onepass(residual, fn, scale, base)
-    residual, fn, scale, base = make_inputs(3, 64)
-    with pytest.raises(ValueError, match="fn must have shape"):
-        onepass().mhc_pre_onepass(residual, fn[:, :128].contiguous(), scale, base)
-
-
-# ------------------------------------- pipelined one-pass design study (Gluon, warp-specialized)
-def pipelined():
-    from kernelnotes.mhc import pipelined as pp
-
-    return pp
-
-
-def test_pipelined_refuses_cpu_tensors():
-    residual, fn, scale, base = (t.cpu() for t in make_inputs(3, 64))
-    with pytest.raises(ValueError, match="residual is on cpu: mhc_pre_pipelined needs a CUDA"):
-        pipelined().mhc_pre_pipelined(residual, fn, scale, base)
-
-
-def test_pipelined_grid_takes_one_program_per_sm_and_a_lane_per_slice_set():
-    """G = H / 64 slices a lane, as many lanes as an H200's 132 SMs hold, and the longest lane's
-    steps."""
-    grid = pipelined().grid
-    assert grid(8192, 7168, 132) == (112, 1, 128)
-    assert grid(8192, 4096, 132) == (128, 2, 64)
-    assert grid(1000, 192, 132) == (48, 16, 1)
-    assert grid(37, 64, 132) == (1, 1, 1)
-    assert grid(1, 8448, 132) == (132, 1, 1)
-
-
-@pytest.mark.parametrize("stamp", [False, True])
-def test_pipelined_compiles_for_sm90_without_a_gpu(stamp):
-    """Compiled for sm_90 without the interpreter at H = 7168 (112 slices in 14 groups): four
-    tile buffers and fn's slice fit one program in an SM's 228 KiB; each partition synchronises
-    its own 128 threads (named barriers, never the whole CTA); slices count in with acq_rel
-    atomics, the reducer waits with an acquire load; the projection is wgmma; the timer is read
-    only when stamps are asked for."""
-    code = r"""
-import json, sys, triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.experimental.gluon import language as gl
-from kernelnotes.mhc import pipelined as pp
-lay = gl.NVMMASharedLayout.get_default_for([pp.BT, pp.BH], gl.bfloat16)
-w_lay = gl.NVMMASharedLayout.get_default_for([32, pp.BH], gl.bfloat16)
-cx = dict(G=112, NG=14, NG_POW2=16, GROUP=pp.GROUP, NBUF=pp.NBUF, STAMP=STAMP)
-sig = dict(x_desc=f"tensordesc<bf16[{pp.BT}, {pp.BH}],{lay!r}>",
-           w_desc=f"tensordesc<bf16[32, {pp.BH}],{w_lay!r}>", part_ptr="*fp32",
-           group_ptr="*fp32", gate_ptr="*fp32", count_ptr="*i32", base_ptr="*fp32",
-           scale_ptr="*fp32", mix_ptr="*fp32", sq_ptr="*fp32", li_ptr="*bf16", stamp_ptr="*i64",
-           T="i32", H="i32", n_blocks="i32", R="i32", n_steps_max="i32", inv_k="fp32",
-           rms_eps="fp32", pre_eps="fp32", **{k: "constexpr" for k in cx})
-ck = triton.compile(GluonASTSource(fn=pp._mhc_pre_pipelined_kernel, signature=sig, constexprs=cx),
-                    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-ptx = ck.asm["ptx"]
-bars = {line.split(";")[0].split()[-1] for line in ptx.splitlines() if "bar.sync" in line}
-print(json.dumps(dict(shared=ck.metadata.shared, bars=sorted(bars),
-                      arrive="atom.global.gpu.acq_rel.add" in ptx,
-                      acquire="ld.global.gpu.acquire" in ptx, wgmma="wgmma.mma_async" in ptx,
-                      timer="%globaltimer" in ptx)))
-""".replace("STAMP=STAMP", f"STAMP={stamp}")
-    got = compiled_offline(code)
-    pp = pipelined()
-    tiles = pp.NBUF * 4 * pp.BT * pp.BH * 2 + 8 * 32 * pp.BH * 2
-    assert tiles <= got["shared"] <= 228 * 1024
-    assert got["bars"] == ["128"], got["bars"]  # "bar.sync id, 128": one warpgroup at a time
-    assert got["arrive"] and got["acquire"] and got["wgmma"]
-    assert got["timer"] == stamp
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T,H", [(1, 64), (37, 192), (1000, 4096), (8192, 7168)])
-def test_pipelined_matches_reference_and_repeats(T, H, monkeypatch):
-    """Against the float64 reference with NaN-poisoned outputs and scratch; T = 37 and 1000 leave
-    a partial token block, H = 192 makes one group of three slices, H = 4096 two lanes. A second
-    call, with the timer's stamps, gives the same bits, and each step's stamps come in the order
-    the pipeline imposes."""
-    residual, fn, scale, base = make_inputs(T, H, seed=T + H)
-    poison_allocations(monkeypatch)
-    got = pipelined().mhc_pre_pipelined(residual, fn, scale, base)
-    *again, stamps = pipelined().mhc_pre_pipelined(residual, fn, scale, base, stamps=True)
-    monkeypatch.undo()
-    check_pre(got, R.mhc_pre(f64(residual), f64(fn), f64(scale), f64(base)), TOL_GATES_PROJECTED)
-    for a, b in zip(got, again, strict=True):
-        assert torch.equal(a, b)
-    programs, lanes, steps = pipelined().grid(T, H, torch.cuda.get_device_properties(0)
-                                              .multi_processor_count)
-    assert stamps.shape == (programs, steps, 8)
-    issued, ready, written, arrived, published, seen, freed = stamps[..., :7].unbind(-1)
-    done = issued > 0  # a lane's steps past its last block stay zero
-    n_blocks = -(-T // 64)
-    assert int(done.sum()) == n_blocks * (programs // lanes)
-    for a, b in ((issued, ready), (ready, written), (written, arrived), (seen, freed)):
-        assert bool((a[done] <= b[done]).all())
-    assert int((published > 0).sum()) == n_blocks  # one publisher a block
-
-
-@pytest.mark.gpu
-def test_pipelined_refuses_what_it_cannot_take():
-    residual, fn, scale, base = make_inputs(3, 100)
-    with pytest.raises(ValueError, match="H = 100: mhc_pre_pipelined needs H a multiple of 64"):
-        pipelined().mhc_pre_pipelined(residual, fn, scale, base)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    residual, fn, scale, base = make_inputs(1, 64 * (sms + 1))
-    with pytest.raises(ValueError, match="slices of 64 columns need as many programs at once"):
-        pipelined().mhc_pre_pipelined(residual, fn, scale, base)
-    residual, fn, scale, base = make_inputs(3, 64)
-    with pytest.raises(ValueError, match="fn must have shape"):
-        pipelined().mhc_pre_pipelined(residual, fn[:, :128].contiguous(), scale, base)

@@ -1,7 +1,7 @@
 """The floor of every two-pass ``mhc_pre`` at T = 8192, timed the way ``bench_mhc`` times the call.
 
 A two-pass design reads the residual once for the projection and once more for ``layer_input``.
-Here both passes are bare: a read of the residual that sums its squares (``bench_mhc._read_sq``,
+Here both passes are bare: a read of the residual that sums its squares (``bench_mhc.read_sq``,
 no MMA) and a fuse that writes the plain mean of the four streams as ``layer_input`` (no gates, no
 Sinkhorn). Launched back to back, after ``fn``'s split or without it, they move what every
 two-pass ``mhc_pre`` must move and compute nothing else. They are timed as one call, like
@@ -18,8 +18,14 @@ import triton
 import triton.language as tl
 
 from benchmarks._harness import bench_interleaved, graph_ms
-from benchmarks.bench_mhc import _inputs, _read_sq
-from kernelnotes.mhc.figures import FLOOR_CALLS, FLOOR_PARTS  # the rows' labels, post's order
+from benchmarks.bench_mhc import make_inputs, read_sq
+
+# the rows' labels, in NOTES.md's order; the parts of the bare passes are timed alone (no rate)
+FLOOR_CALLS = {"mhc_pre": "`mhc_pre`", "mhc_pre, fn split once": "`mhc_pre`, fn split once",
+               "bare passes": "bare passes: split, read, fuse",
+               "bare passes, fn split once": "bare passes: read, fuse",
+               "bare read": "bare read", "bare fuse": "bare fuse"}
+FLOOR_PARTS = ("bare read", "bare fuse")
 
 T = 8192
 H_ALL, H_QUICK = (4096, 7168), (7168,)
@@ -46,11 +52,11 @@ def _calls(H: int, quick: bool) -> tuple[dict, tuple]:
     """{name: zero-argument call} for one H, and the bare fuse's tile (the fastest replayed)."""
     import torch
 
-    from kernelnotes._grid import cdiv
+    from triton import cdiv
     from kernelnotes.mhc import kernel
     from kernelnotes.mhc.torch_reference import mhc_pre_torch
 
-    residual, fn, scale, base = _inputs(T, H)[:4]
+    residual, fn, scale, base = make_inputs(T, H)[:4]
     parts = kernel.split_fn(fn)
     K = 4 * H
     out = torch.empty((T, H), dtype=torch.bfloat16, device="cuda")
@@ -58,7 +64,7 @@ def _calls(H: int, quick: bool) -> tuple[dict, tuple]:
     mean = (residual.float().sum(1) * 0.25).bfloat16()
 
     def read():
-        _read_sq[(4, cdiv(T, 8))](residual, partial, T, K, K // 4, BT=8, BK=1024, num_warps=4)
+        read_sq[(4, cdiv(T, 8))](residual, partial, T, K, K // 4, BT=8, BK=1024, num_warps=4)
 
     def fuse_with(bt, bh, warps):
         return lambda: _bare_fuse[(cdiv(T, bt) * cdiv(H, bh),)](residual, out, T, H, BLOCK_T=bt,
@@ -75,7 +81,7 @@ def _calls(H: int, quick: bool) -> tuple[dict, tuple]:
     fuse = fuse_with(*tile)
 
     def bare_passes():
-        kernel._split_fn(fn)
+        kernel.split_fn(fn)
         read()
         fuse()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from benchmarks._harness import bench_interleaved, graph_ms
-from benchmarks.bench_mhc import _inputs
+from benchmarks.bench_mhc import make_inputs
 
 T = 8192
 H_ALL, H_QUICK = (4096, 7168), (7168,)
@@ -32,7 +32,7 @@ def stages(stamps, H: int) -> dict:
     """{stage: {us, us_p10, us_p90}} from the stamps [programs, steps, 8] (ns) of one call."""
     import torch
 
-    from kernelnotes.mhc import pipelined
+    from lab.mhc import pipelined
 
     G = H // pipelined.BH
     programs, steps, _ = stamps.shape
@@ -60,12 +60,13 @@ def stages(stamps, H: int) -> dict:
 def run(quick: bool) -> list[dict]:
     import torch
 
-    from kernelnotes.mhc import kernel, onepass, pipelined
+    from kernelnotes.mhc import kernel
+    from lab.mhc import onepass, pipelined
 
     t0 = time.time()
     rows = []
     for H in H_QUICK if quick else H_ALL:
-        args = _inputs(T, H)[:4]  # residual, fn, scale, base
+        args = make_inputs(T, H)[:4]  # residual, fn, scale, base
         calls = {"two-pass": kernel.mhc_pre, "eighth": onepass.mhc_pre_onepass,
                  "ninth": pipelined.mhc_pre_pipelined}
         calls = {name: (lambda f=f, a=args: f(*a)) for name, f in calls.items()}

@@ -8,7 +8,7 @@ same shared memory once the other column slices of its token block have reported
 slice to report sums the block's partials in slice order (bitwise repeatable, whoever arrives
 last) and publishes the gates. Every slice then sums a share of the other mixes for C_l and
 Sinkhorn, which the big-fuse kernel's metadata programs finish. The residual crosses HBM once,
-yet on the H200 this is slower than the two kernels: docs/posts/08-mhc-kernel-study.md says why.
+yet on the H200 this is slower than the two kernels: NOTES.md says why.
 
 Needs a Hopper GPU: TMA loads, and Gluon kernels do not run in Triton's interpreter. Programs
 wait on each other, so all of them must be resident at once: the grid is persistent (a few
@@ -27,8 +27,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     tma,
 )
 
-from kernelnotes._grid import cdiv, next_power_of_2
-from kernelnotes._validate import check_hopper, check_tensor
+from kernelnotes.mhc import split_fn
+from lab.mhc.common import check_inputs, cdiv, finish, next_power_of_2, sm_count
 
 # Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -183,48 +183,28 @@ def _slice_width(H: int) -> int:
     return 128 if H % 128 == 0 else 64
 
 
-def _check_inputs(caller, needs, residual, fn, scale, base, sinkhorn_iters, post_mult, **eps):
-    """The checks of the one-pass launchers: a Hopper GPU, mhc_pre's inputs, H in whole TMA
-    boxes of CHUNK columns, fn [24, 4H]. Returns (T, H)."""
-    from kernelnotes.mhc import kernel
-
-    check_hopper("residual", residual, caller, needs)
-    kernel._check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps)
-    T, _, H = residual.shape
-    if H % CHUNK:
-        raise ValueError(f"residual has H = {H}: {caller} needs H a multiple of {CHUNK}")
-    check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True, device=residual.device)
-    if tuple(fn.shape) != (kernel.N_MIX, 4 * H):
-        raise ValueError(f"fn must have shape (24, 4H) = (24, {4 * H}), got {tuple(fn.shape)}")
-    return T, H
-
-
 # --8<-- [start:onepass_launcher]
 def mhc_pre_onepass(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6,
                     post_mult=2.0, sinkhorn_iters=20):
-    """:func:`kernel.mhc_pre` with the residual read once: fn split, one pass, C_l and Sinkhorn.
+    """:func:`kernelnotes.mhc.mhc_pre` with the residual read once: fn split, one pass, C_l and Sinkhorn.
 
     DeepSeek-V4's pre step (report eqs. 1-7) with the projection on the un-normalised residual
     (Xie et al. 2025, arXiv:2512.24880, sec. 4.3.1). Three launches: fn's bf16 hi + lo split,
-    the one-pass kernel, and the big-fuse kernel's metadata programs (C_l, Sinkhorn).
+    the one-pass kernel, and C_l and Sinkhorn by torch ops (common.finish).
 
     Args:
         residual: X_l, [T, 4, H] bfloat16, contiguous, on a Hopper GPU (sm_90); H a multiple of
             64 (whole 128-byte TMA boxes per stream), its slices of 128 columns (64 where 128
             does not divide H) no more than the programs resident at once.
         fn: [24, 4H] float32; scale: [3] float32; base: [24] float32; the eps, post_mult and
-            sinkhorn_iters: as :func:`kernel.mhc_pre`.
+            sinkhorn_iters: as :func:`kernelnotes.mhc.mhc_pre`.
     Returns:
         layer_input [T, H] bfloat16, post_mix [T, 4] float32, comb_mix [T, 4, 4] float32: the
         same bits from run to run (the partials are summed in slice order).
     """
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from kernelnotes.mhc import kernel
-
-    T, H = _check_inputs("mhc_pre_onepass", "TMA loads", residual, fn, scale, base,
-                         sinkhorn_iters, post_mult, rms_eps=rms_eps, pre_eps=pre_eps,
-                         sinkhorn_eps=sinkhorn_eps)
+    T, H = check_inputs("mhc_pre_onepass", "TMA loads", residual, fn, scale, base, CHUNK)
 
     dev = residual.device
     bh = _slice_width(H)
@@ -237,21 +217,20 @@ def mhc_pre_onepass(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, si
     part = torch.empty((n_items, 25, BT), dtype=torch.float32, device=dev)
     gate = torch.empty((n_blocks, 4, BT), dtype=torch.float32, device=dev)
     count = torch.zeros(2 * n_blocks, dtype=torch.int32, device=dev)
-    mix = torch.empty((T, kernel.N_MIX), dtype=torch.float32, device=dev)
+    mix = torch.empty((T, 24), dtype=torch.float32, device=dev)
     sqrsum = torch.empty((T,), dtype=torch.float32, device=dev)
     layer_input = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
     # every program resident at once (a waiting slice needs its block's others running), and
     # G <= programs: then each block's last item only waits on items that have all started
-    programs = min(n_items, PROGRAMS_PER_SM * kernel._sm_count(dev))
+    programs = min(n_items, PROGRAMS_PER_SM * sm_count(dev))
     if G > programs:
         raise ValueError(f"residual has H = {H}: {G} slices of {bh} columns are more than the "
                          f"{programs} programs that fit on this GPU at once")
     _mhc_pre_onepass_kernel[(programs,)](
-        x_desc, kernel._split_fn(fn), part, gate, count, base, scale, mix, sqrsum, layer_input,
+        x_desc, split_fn(fn), part, gate, count, base, scale, mix, sqrsum, layer_input,
         T, H, n_items, n_blocks, programs, 1.0 / (4 * H), float(rms_eps), float(pre_eps),
         G=G, G_POW2=max(2, next_power_of_2(G)), BH=bh, num_warps=4, launch_cooperative_grid=True)
-    # C_l and Sinkhorn: the big-fuse kernel's metadata programs alone, from the whole mixes
-    return kernel._fuse(mix[None], sqrsum[None], residual, scale, base, rms_eps, pre_eps,
-                        sinkhorn_eps, post_mult, sinkhorn_iters, None, reverse=False,
-                        layer_input=layer_input)
+    # C_l and Sinkhorn from the whole mixes
+    return finish(mix, sqrsum, layer_input, H, scale, base, rms_eps=rms_eps, pre_eps=pre_eps,
+                  sinkhorn_eps=sinkhorn_eps, post_mult=post_mult, sinkhorn_iters=sinkhorn_iters)
 # --8<-- [end:onepass_launcher]

@@ -36,10 +36,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernelnotes._grid import cdiv, next_power_of_2
-from kernelnotes.mhc.onepass import (
+from kernelnotes.mhc import split_fn
+from lab.mhc.common import cdiv, check_inputs, finish, next_power_of_2, sm_count
+from lab.mhc.onepass import (
     CHUNK,
-    _check_inputs,
     _cta_barrier,
     _publish_gates,
     _tma_load,
@@ -295,17 +295,17 @@ def grid(T: int, H: int, sm_count: int) -> tuple[int, int, int]:
 # --8<-- [start:pipelined_launcher]
 def mhc_pre_pipelined(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6,
                       sinkhorn_eps=1e-6, post_mult=2.0, sinkhorn_iters=20, stamps=False):
-    """:func:`kernel.mhc_pre` with the residual read once, by a warp-specialized pipeline.
+    """:func:`kernelnotes.mhc.mhc_pre` with the residual read once, by a warp-specialized pipeline.
 
     DeepSeek-V4's pre step (report eqs. 1-7) with the projection on the un-normalised residual
     (Xie et al. 2025, arXiv:2512.24880, sec. 4.3.1). Three launches: fn's bf16 hi + lo split,
-    the pipelined kernel, and the big-fuse kernel's metadata programs (C_l, Sinkhorn).
+    the pipelined kernel, and C_l and Sinkhorn by torch ops (common.finish).
 
     Args:
         residual: X_l, [T, 4, H] bfloat16, contiguous, on a Hopper GPU (sm_90); H a multiple of
             64 (whole 128-byte TMA boxes) and H / 64 slices no more than the GPU's SMs.
         fn: [24, 4H] float32; scale: [3] float32; base: [24] float32; the eps, post_mult and
-            sinkhorn_iters: as :func:`kernel.mhc_pre`.
+            sinkhorn_iters: as :func:`kernelnotes.mhc.mhc_pre`.
         stamps: also return the GPU timer's stamps, int64 [programs, steps, 8] in ns, one per
             event of each step (``STAMPS`` names the first seven; zero where none happened).
     Returns:
@@ -314,14 +314,11 @@ def mhc_pre_pipelined(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6,
     """
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from kernelnotes.mhc import kernel
-
-    T, H = _check_inputs("mhc_pre_pipelined", "TMA loads and wgmma", residual, fn, scale, base,
-                         sinkhorn_iters, post_mult, rms_eps=rms_eps, pre_eps=pre_eps,
-                         sinkhorn_eps=sinkhorn_eps)  # H in whole boxes: CHUNK == BH columns
+    T, H = check_inputs("mhc_pre_pipelined", "TMA loads and wgmma", residual, fn, scale, base,
+                        CHUNK)  # H in whole boxes: CHUNK == BH columns
     dev = residual.device
     G, n_blocks = H // BH, cdiv(T, BT)
-    sms = kernel._sm_count(dev)
+    sms = sm_count(dev)
     if G > sms:
         raise ValueError(f"residual has H = {H}: its {G} slices of {BH} columns need as many "
                          f"programs at once, one per SM, and this GPU has {sms} SMs")
@@ -331,13 +328,13 @@ def mhc_pre_pipelined(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6,
         residual.view(T, 4 * H), [BT, BH],
         gl.NVMMASharedLayout.get_default_for([BT, BH], gl.bfloat16))
     w_desc = TensorDescriptor.from_tensor(
-        kernel._split_fn(fn).view(2 * kernel.N_MIX, 4 * H), [32, BH],
+        split_fn(fn).view(2 * 24, 4 * H), [32, BH],
         gl.NVMMASharedLayout.get_default_for([32, BH], gl.bfloat16))
     part = torch.empty((n_blocks * G, 25, BT), dtype=torch.float32, device=dev)
     group = torch.empty((n_blocks * NG, 5, BT), dtype=torch.float32, device=dev)
     sync = torch.full((n_blocks * (1 + NG + 4 * BT),), -1, dtype=torch.int32, device=dev)
     count, gate = sync[:n_blocks * (1 + NG)], sync[n_blocks * (1 + NG):].view(torch.float32)
-    mix = torch.empty((T, kernel.N_MIX), dtype=torch.float32, device=dev)
+    mix = torch.empty((T, 24), dtype=torch.float32, device=dev)
     sqrsum = torch.empty((T,), dtype=torch.float32, device=dev)
     layer_input = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
     stamp = torch.zeros((programs, n_steps_max, 8) if stamps else (1,), dtype=torch.int64,
@@ -347,8 +344,7 @@ def mhc_pre_pipelined(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6,
         T, H, n_blocks, lanes, n_steps_max, 1.0 / (4 * H), float(rms_eps), float(pre_eps),
         G=G, NG=NG, NG_POW2=max(2, next_power_of_2(NG)), GROUP=GROUP, NBUF=NBUF, STAMP=stamps,
         num_warps=4, launch_cooperative_grid=True)
-    out = kernel._fuse(mix[None], sqrsum[None], residual, scale, base, rms_eps, pre_eps,
-                       sinkhorn_eps, post_mult, sinkhorn_iters, None, reverse=False,
-                       layer_input=layer_input)
+    out = finish(mix, sqrsum, layer_input, H, scale, base, rms_eps=rms_eps, pre_eps=pre_eps,
+                 sinkhorn_eps=sinkhorn_eps, post_mult=post_mult, sinkhorn_iters=sinkhorn_iters)
     return (*out, stamp) if stamps else out
 # --8<-- [end:pipelined_launcher]

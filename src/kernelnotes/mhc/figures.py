@@ -212,7 +212,7 @@ SPLIT_ONCE = "triton, fn split once"  # bench_mhc's label for mhc_pre given spli
 def table_split_once() -> str:
     """mhc_pre at T = 8192 called with fn (split on every call, three launches) and with fn split
     once by split_fn (two launches), in one bench_mhc run: direct calls, and the GPU time
-    replayed from a CUDA graph (the phase rows). Smaller T are host time (post 08)."""
+    replayed from a CUDA graph (the phase rows). Smaller T are host time."""
     res = _results()
     if res is None:
         return PENDING
@@ -242,160 +242,64 @@ def table_split_once() -> str:
             "\"vs eager\" are the direct call's, as in the targets.")
 
 
-FLUSH_TIMINGS = ("graph", "write flush", "write flush + sleep", "read flush",
-                 "read flush + sleep")  # bench_mhc_flush's columns, in its order
+REDUCE_OVERHEAD = "triton, reduce-overhead"  # bench_mhc's label: the ops in torch.compile's graphs
 
 
-def table_flush() -> str:
-    """mHC's calls at T = 8192 timed after do_bench's write flush and after a read flush, with and
-    without a GPU sleep that puts the host ahead, beside their GPU time replayed from a CUDA
-    graph (``benchmarks/results/mhc_flush.json``)."""
-    res = _results("mhc_flush")
+def table_small_t() -> str:
+    """Small T three ways, in one bench_mhc run: a direct call (what a caller without graphs
+    pays: mostly the host's launches), the GPU time of one call captured in a CUDA graph and
+    replayed, and a direct call of torch.compile(mode="reduce-overhead") of the op, which
+    replays CUDA graphs itself; the eager and compiled torch references replayed the same way."""
+    res = _results()
     if res is None:
-        return _pending("mhc_flush")
-    copy = res["meta"]["copy_gbs"]
-    eager = {(r["H"], k): r[f"{k} ms"] for r in res["rows"] if r["impl"] == "eager"
-             for k in FLUSH_TIMINGS}
-    rows = []
-    for r in sorted(res["rows"], key=lambda r: (r["H"], OPS.index(r["op"]))):
-        if r["impl"] == "eager":
-            continue
-        name = f"`{r['op']}`" + (", fn split once" if r["impl"] == SPLIT_ONCE else "")
-        cells = []
-        for k in FLUSH_TIMINGS:
-            ms = r[f"{k} ms"]
-            cell = f"{1e3 * ms:.1f}"
-            if r["op"] == "mhc_pre":  # the two targets' measures, under the same timing
-                of_copy = _pre_gbs(r["T"], r["H"], ms) / copy
-                cell += f" ({100 * of_copy:.1f}%, {eager[(r['H'], k)] / ms:.1f}x)"
-            cells.append(cell)
-        rows.append([name, r["H"], *cells])
-    table = markdown_table(["call", "H", *(f"{k} (µs)" for k in FLUSH_TIMINGS)], rows)
-    calls = {r["impl"] == "eager": r["calls"] for r in res["rows"]}  # one count each side
-    return (f"{table}\n\n{provenance(res['meta'])} T = 8192; median of {calls[False]} calls "
-            f"per column ({calls[True]} for the eager reference), each timed by CUDA events; the "
-            f"sleep is {res['rows'][0]['sleep_us']:.0f} µs; the flush buffer is "
-            f"{res['rows'][0]['flush_bytes'] // 2**20} MB. For `mhc_pre`: of copy (10H + 80 "
-            "bytes per token) and the eager reference's time under the same timing over it.")
-
-
-FLOOR_CALLS = {"mhc_pre": "`mhc_pre`", "mhc_pre, fn split once": "`mhc_pre`, fn split once",
-               "bare passes": "bare passes: split, read, fuse",
-               "bare passes, fn split once": "bare passes: read, fuse",
-               "bare read": "bare read", "bare fuse": "bare fuse"}  # bench_mhc_floor's rows
-FLOOR_PARTS = ("bare read", "bare fuse")  # parts of the bare passes, timed alone: no rate
-
-
-def table_floor() -> str:
-    """mhc_pre at T = 8192 beside the bare two passes that any two-pass design must run (the
-    split of fn, a read of the residual, a mean of its streams written as layer_input), direct
-    calls and replays, in one run (``benchmarks/results/mhc_floor.json``)."""
-    res = _results("mhc_floor")
-    if res is None:
-        return _pending("mhc_floor")
-    copy = res["meta"]["copy_gbs"]
-    eager = {r["H"]: r["ms"] for r in res["rows"] if r["call"] == "eager"}
-    rows = []
-    for r in sorted(res["rows"], key=lambda r: r["H"]):
-        if r["call"] not in FLOOR_CALLS:
-            continue
-        T, H = r["T"], r["H"]
-        whole = r["call"] not in FLOOR_PARTS
-        of_copy = [f"{100 * _pre_gbs(T, H, r[k]) / copy:.1f}%" if whole else ""
-                   for k in ("ms", "graph_ms")]
-        rows.append([FLOOR_CALLS[r["call"]], H, f"{1e3 * r['ms']:.1f}", of_copy[0],
-                     f"{eager[H] / r['ms']:.2f}x" if whole else "", f"{1e3 * r['graph_ms']:.1f}",
-                     of_copy[1]])
-    table = markdown_table(["call", "H", "direct (µs)", "direct: of copy", "direct: vs eager",
-                            "GPU (µs)", "GPU: of copy"], rows)
-    r0 = res["rows"][0]
-    return (f"{table}\n\n{provenance(res['meta'])} Copy ceiling of that run: {copy:.0f} GB/s. "
-            f"T = {r0['T']}; direct calls by `do_bench` (its write flush before each call), "
-            f"{r0['rounds']} interleaved rounds, as in the performance table; GPU time replayed "
-            "from a CUDA graph. Whole calls are counted on `mhc_pre`'s minimal bytes (10H + 80 "
-            "per token) and set against the eager reference's direct call in the same run; the "
-            "bare read and the bare fuse are the bare passes' parts, timed alone.")
-
-
-ONEPASS_DESIGNS = {"two-pass": "two kernels (`kernel.mhc_pre`)",
-                   "eighth": "eighth: lockstep rounds (`onepass`)",
-                   "ninth": "ninth: warp-specialized ring (`pipelined`)"}
-
-
-def table_onepass() -> str:
-    """The whole pre step at T = 8192 by the two kernels and the two one-pass designs on the site,
-    in the same run (``benchmarks/results/mhc_onepass.json``)."""
-    res = _results("mhc_onepass")
-    if res is None:
-        return _pending("mhc_onepass")
-    copy = res["meta"]["copy_gbs"]
-    ms = {(r["impl"], r["H"]): r for r in res["rows"] if r.get("ms")}
-    rows = []
-    for H in sorted({H for _, H in ms}):
-        two = ms[("two-pass", H)]
-        for impl, name in ONEPASS_DESIGNS.items():
-            r = ms[(impl, H)]
-            gbs = _pre_gbs(r["T"], H, r["ms"])
-            rows.append([name, r["T"], H, f"{1e3 * r['ms']:.1f}", f"{1e3 * r['graph_ms']:.1f}",
-                         f"{100 * gbs / copy:.0f}%", f"{r['ms'] / two['ms']:.2f}x"])
-    table = markdown_table(["design", "T", "H", "direct (µs)", "graph (µs)", "of copy (10H + 80)",
-                            "time / two kernels"], rows)
-    return (f"{table}\n\n{provenance(res['meta'])} Direct calls timed interleaved; \"graph\" "
-            "replays one call from a CUDA graph.")
-
-
-STAGES = {"tma": "TMA: issued to landed", "project": "projection (wgmma, sum of squares)",
-          "count in": "count in (acq_rel atomic)",
-          "arrival spread": "first to last slice of a block counting in",
-          "publish": "last count-in to A_l published (two levels)",
-          "seen": "A_l published to seen by a writer", "write": "layer_input written, freed",
-          "cycle": "a buffer's whole cycle, issue to free"}
-
-
-def table_onepass_stages() -> str:
-    """The ninth design's stages from the GPU timer's stamps of one call (median, 10th and 90th
-    percentiles over every step of every program)."""
-    res = _results("mhc_onepass")
-    rows = [] if res is None else [r for r in res["rows"] if "stages" in r]
-    if not rows:
-        return _pending("mhc_onepass")
-    out = []
-    for name, what in STAGES.items():
-        out.append([what, *(f"{r['stages'][name]['us']:.1f} ({r['stages'][name]['us_p10']:.1f}"
-                             f"–{r['stages'][name]['us_p90']:.1f})" for r in rows)])
-    table = markdown_table(["stage", *(f"µs at H = {r['H']}" for r in rows)], out)
-    return (f"{table}\n\n{provenance(res['meta'])} T = {rows[0]['T']}; median (10th–90th "
-            "percentile) over every step of every program of one call with stamps.")
-
-
-def table_small_t_graph() -> str:
-    """Small T with the host out of the way: GPU time per call replayed from a CUDA graph
-    (``benchmarks/results/mhc_graph.json``)."""
-    res = _results("mhc_graph")
-    graph = {} if res is None else {(r["op"], r["impl"], r["T"], r["H"]): r["graph_ms"]
-                                    for r in res["rows"] if r.get("graph_ms")}
+        return PENDING
+    direct = {(r["op"], r["impl"], r["T"], r["H"]): r["ms"] for r in res["rows"]
+              if r.get("ms") and "timing" not in r}
+    graph = {(r["op"], r["impl"], r["T"], r["H"]): r["graph_ms"] for r in res["rows"]
+             if r.get("graph_ms")}
     if not graph:
-        return _pending("mhc_graph")
-    skipped = {(r["op"], r["impl"], r["T"], r["H"]): r["skipped"] for r in res["rows"]
-               if r.get("skipped")}
+        return PENDING
+
+    def us(v):
+        return "pending" if v is None else f"{1e3 * v:.1f}"
+
     rows = []
     for H in sorted({k[3] for k in graph}):
         for T in sorted({k[2] for k in graph}):
             for op in OPS:
-                t = graph.get((op, "triton", T, H))
-                if t is None:
+                key = (op, "triton", T, H)
+                if key not in graph:
                     continue
-                e, c = graph.get((op, "eager", T, H)), graph.get((op, "compiled", T, H))
-                missing = "not timed" if (op, "compiled", T, H) in skipped else "n/a"
-                rows.append([f"`{op}`", T, H, f"{1e3 * t:.1f}",
-                             f"{1e3 * e:.1f}" if e else "n/a",
-                             f"{1e3 * c:.1f}" if c else missing,
-                             f"{c / t:.2f}x" if c else missing])
-    table = markdown_table(["op", "T", "H", "Triton (µs)", "eager (µs)", "torch.compile (µs)",
-                            "vs torch.compile"], rows)
-    note = "".join(f" Not timed in {list(skipped.values()).count(why)} rows: {why}."
-                   for why in sorted(set(skipped.values())))
-    return f"{table}\n\n{provenance(res['meta'])}{note}"
+                rows.append([f"`{op}`", T, H, us(direct.get(key)), us(graph[key]),
+                             us(direct.get((op, REDUCE_OVERHEAD, T, H))),
+                             us(graph.get((op, "eager", T, H))),
+                             us(graph.get((op, "compiled", T, H)))])
+    table = markdown_table(["op", "T", "H", "direct call (µs)", "CUDA graph (µs)",
+                            "reduce-overhead (µs)", "eager, graph (µs)",
+                            "torch.compile, graph (µs)"], rows)
+    return (f"{table}\n\n{provenance(res['meta'])} \"pending\": not in this run of the "
+            "benchmark (the next run writes it).")
+
+
+def table_backward() -> str:
+    """The backward alone at T = 8192, H = 7168: the custom ops' against eager autograd of the
+    float32 torch reference, in one bench_mhc run."""
+    res = _results()
+    rows = [] if res is None else [r for r in res["rows"] if r["op"].endswith(" backward")]
+    if not rows:
+        return (f"{PENDING}" if res is None else
+                '!!! info "Backward timings pending"\n    The committed run of `bench_mhc` '
+                "predates the backward; the next run on a GPU writes its rows.")
+    by = {(r["op"], r["impl"]): r for r in rows}
+    out = []
+    for op in ("mhc_pre backward", "mhc_post backward"):
+        ours, eager = by.get((op, "triton")), by.get((op, "eager"))
+        if ours and eager:
+            out.append([f"`{op.split()[0]}`", ours["T"], ours["H"], f"{1e3 * ours['ms']:.0f}",
+                        f"{1e3 * eager['ms']:.0f}", f"{eager['ms'] / ours['ms']:.2f}x"])
+    table = markdown_table(["op", "T", "H", "custom op backward (µs)",
+                            "eager autograd (µs)", "speed-up"], out)
+    return f"{table}\n\n{provenance(res['meta'])}"
 
 
 def figure_bandwidth():

@@ -3,22 +3,24 @@
 Order: the jit kernels (split-K projection, big-fuse, post), then the torch-facing launchers
 ``mhc_pre``, ``mhc_pre_from_mixes`` and ``mhc_post``. The semantics are DeepSeek-V4's
 (report eq. 1-7) and the FlashInfer kernels' (``mhc_pre_big_fuse``, ``mhc_post``, PR #3285);
-docs/posts/08-mhc-kernel-study.md maps one onto the other. Forward only (inference).
+docs/posts/08-mhc-kernel-study.md maps one onto the other. Each public function is a
+``kernelnotes::`` torch custom op with a fake implementation and a backward (torch ops that
+recompute what they need).
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-from triton.runtime import driver
 
 from kernelnotes._grid import cdiv, next_power_of_2
-from kernelnotes._validate import check_kernel_device, check_real, check_tensor, check_tiles
+from kernelnotes._validate import check_real, check_tensor, check_tiles, interpreted
 
 N_HC = 4  # streams; the kernels are written for exactly 4
 N_MIX = 24  # [pre 0..3 | post 4..7 | comb 8..23], comb[j][k] at slot 8 + 4j + k
@@ -44,7 +46,7 @@ def _round_bf16(v):
 @triton.jit
 def _stream_load(ptrs, mask):
     """bf16 read once, as fp32. A plain load: the hint for data without reuse, evict_first, made
-    both streaming kernels 2% to 5% slower on the H200, not faster (post 08)."""
+    both streaming kernels slower on the H200, not faster (lab/mhc/NOTES.md)."""
     return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 # --8<-- [end:stream_load]
 
@@ -64,8 +66,16 @@ def _mhc_split_fn_kernel(fn_ptr, w_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexp
     mask = offs < n
     w = tl.load(fn_ptr + offs, mask=mask, other=0.0)
     hi = _round_bf16(w)
+    finite = tl.abs(w) < float("inf")
+    # a finite w past bf16's largest value rounds to inf: truncate it instead (the largest
+    # bf16 of its sign), so that lo = w - hi stays finite
+    trunc = (w.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    hi = tl.where(finite & (tl.abs(hi) == float("inf")), trunc, hi)
+    # an inf (or NaN) weight is carried whole by hi; lo = inf - inf would be NaN and turn the
+    # mix into NaN where the reference's x * inf saturates the gate
+    lo = tl.where(finite, w - hi, 0.0)
     tl.store(w_ptr + offs, hi.to(tl.bfloat16), mask=mask)  # exact: hi is a bf16 value
-    tl.store(w_ptr + n + offs, _round_bf16(w - hi).to(tl.bfloat16), mask=mask)
+    tl.store(w_ptr + n + offs, _round_bf16(lo).to(tl.bfloat16), mask=mask)
 # --8<-- [end:split_fn_kernel]
 
 
@@ -376,14 +386,14 @@ STREAM_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_H": h}, num_warps=w)
 # fn's tiles streaming from L2 beside the residual's. It was autotuned against 128 x 64 (8 warps,
 # 4 stages) until H200 graph timings of the whole mhc_pre found 64 x 128 faster at every T tried,
 # 1 to 8192 at both H (by 12% to 21% up to T = 512, 1% to 2% at 1024), where the autotuner,
-# timing the kernel alone from a cold L2, had picked 128 x 64 for some T (post 08). Fixed tiles
+# timing the kernel alone from a cold L2, had picked 128 x 64 for some T (lab/mhc/NOTES.md). Fixed tiles
 # with the same bits also keep mhc_pre's bits from depending on a process's autotuner.
 PROJECT_TILE = {"BLOCK_T": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
 # Where one program an SM still fills the GPU (_fills; T = 8192), 128 tokens and 4 stages: 160 KiB
 # of shared memory, so one program an SM, with 64 KiB of the residual in flight on it against
 # 32 KiB (two programs, one step ahead each), and half of fn's bytes per residual byte. The same
 # bits as the 64-token tile (same K-splits and steps; tested on the GPU); on the H200 1.9 us off
-# the whole mhc_pre's GPU time at T = 8192, H = 7168, level at 4096 and at T = 1024 (post 08).
+# the whole mhc_pre's GPU time at T = 8192, H = 7168, level at 4096 and at T = 1024 (lab/mhc/NOTES.md).
 PROJECT_TILE_WIDE = {"BLOCK_T": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4}
 FILL = 0.9  # the share of the SMs the wide tile's grid must cover
 # fn's split: a latency-bound kernel of a few microseconds; 2048 elements and 8 warps a program
@@ -405,49 +415,6 @@ _post_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T"])(_mhc_post_kernel)
 
 # --8<-- [start:run_tuned]
 _CHOSEN: dict = {}  # autotune key -> the launch kwargs of the config Triton's autotuner chose
-_COMPILED: dict = {}  # (key, specialisation) -> (compiled kernel, its constexpr arguments)
-
-
-def _specialisation(args) -> tuple:
-    """What Triton compiles a kernel for besides its constexprs: each tensor's dtype and 16-byte
-    alignment, each int's divisibility by 16, whether it is 1 and whether it fits 32 bits (an
-    int's residue mod 16, or a pair where it is 1 or does not fit). A flat tuple built in one
-    loop: it runs on every launch, and at small T a call's time is its host time."""
-    spec = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            spec += (a.dtype, a.data_ptr() & 15)
-        elif type(a) is int:
-            spec.append(a & 15 if a != 1 and -0x80000000 <= a < 0x80000000 else (a == 1, a & 15))
-        else:
-            spec.append(type(a))
-    return tuple(spec)
-
-
-def _launch(kernel, grid: tuple, key: tuple, args: tuple, consts: dict) -> None:
-    """``kernel[grid](*args, **consts)``; on a GPU, after the first call of a key and argument
-    specialisation, the compiled kernel is launched directly. Triton's jit launch binds,
-    specialises and hashes every argument on every call to find its compiled kernel; this
-    looks it up by ``key`` (which must fix ``consts``) and a few alignment bits instead, and
-    calls the compiled kernel's launcher as ``CompiledKernel.__getitem__``'s runner does (on
-    the current stream, with Triton's launch hooks) without building a runner every call."""
-    if args[0].device.type != "cuda":  # the interpreter: nothing compiled to keep
-        kernel[grid](*args, **consts)
-        return
-    spec = (key, _specialisation(args))
-    hit = _COMPILED.get(spec)
-    if hit is None:
-        compiled = kernel[grid](*args, **consts)  # compiles (once per process) and launches
-        # the launcher takes every parameter in order, constexprs included (and ignored)
-        _COMPILED[spec] = (compiled, tuple(consts[name] for name in kernel.arg_names[len(args):]))
-        return
-    compiled, tail = hit
-    grid = (*grid, 1, 1)[:3]
-    stream = driver.active.get_current_stream(driver.active.get_current_device())
-    enter = knobs.runtime.launch_enter_hook  # a profiler's (Proton's), else None
-    meta = None if enter is None else compiled.launch_metadata(grid, stream, *args, *tail)
-    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta, enter,
-                 knobs.runtime.launch_exit_hook, *args, *tail)
 
 
 def _tokens_key(T: int) -> int:
@@ -458,18 +425,16 @@ def _tokens_key(T: int) -> int:
     return next_power_of_2(T)
 
 
-def _run_tuned(tuned, grid, key: tuple, *args, **kwargs) -> None:
-    """``tuned[grid](*args, **kwargs)`` the first time a key is seen, then its chosen config
-    through :func:`_launch`. Triton's autotuner spends tens of microseconds of host time on every
-    call, and its jit launch some more; on the H200 that showed in the timings of the short
-    kernels (mhc_pre_from_mixes at T = 8192, H = 4096 is one pass over the residual, well under
-    a millisecond)."""
+def _run_tuned(tuned, kernel, grid, key: tuple, *args, **kwargs) -> None:
+    """``tuned[grid](*args, **kwargs)`` the first time a key is seen, then ``kernel`` (the
+    jit function ``tuned`` wraps) launched with the config the autotuner chose for the key's
+    bucket: Triton's autotuner keys on T itself and would retune for every new T."""
     meta = _CHOSEN.get(key)
     if meta is None:
         tuned[grid](*args, **kwargs)
         _CHOSEN[key] = tuned.best_config.all_kwargs()
     else:
-        _launch(tuned.fn, grid(meta), key, args, {**kwargs, **meta})
+        kernel[grid(meta)](*args, **kwargs, **meta)
 # --8<-- [end:run_tuned]
 
 
@@ -480,23 +445,56 @@ def _sm_count(device: torch.device) -> int:
     return 2  # the interpreter: a few splits, to exercise the split-K path
 
 
+# the streaming kernels' tiles; the projection's: BLOCK_T is the MMA's M, BLOCK_K its K
+_STREAM_SIZES = {"BLOCK_T": (1, None), "BLOCK_H": (1, None)}
+_PROJECT_SIZES = {"BLOCK_T": (16, None), "BLOCK_K": (16, 256)}
+_STREAM_KEYS = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages")
+_PROJECT_KEYS = ("BLOCK_T", "BLOCK_K", "num_warps", "num_stages")
+# which device the kernels need: CPU tensors under the interpreter, CUDA ones when compiled
+_DEVICE_TYPE = "cpu" if interpreted(_mhc_pre_fuse_kernel) else "cuda"
+
+
 def _check_config(name, config, sizes) -> None:
     """A launch config: a dict with the block sizes ``sizes`` ({key: (least, what it must divide
     or None)}, see check_tiles) and optionally num_warps and num_stages."""
     if not isinstance(config, dict):
         raise TypeError(f"{name} must be a dict, got {type(config).__name__}")
     check_tiles(name, config, sizes, optional=("num_warps", "num_stages"))
+    for key in ("num_warps", "num_stages"):
+        v = config.get(key, 1)
+        if type(v) is not int or v < 1:
+            raise ValueError(f"{name} {key}={v!r} must be an int >= 1")
 
 
-# the streaming kernels' tiles; the projection's: BLOCK_T is the MMA's M, BLOCK_K its K
-_STREAM_SIZES = {"BLOCK_T": (1, None), "BLOCK_H": (1, None)}
-_PROJECT_SIZES = {"BLOCK_T": (16, None), "BLOCK_K": (16, 256)}
+def _encode(config: dict | None, keys: tuple) -> list[int] | None:
+    """A config dict as the custom ops take it: its values in ``keys`` order, -1 where unset."""
+    return None if config is None else [int(config.get(k, -1)) for k in keys]
 
 
-def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps):
+def _decode(values: list[int] | None, keys: tuple) -> dict | None:
+    return None if values is None else {k: v for k, v in zip(keys, values) if v != -1}
+
+
+def _check_device(name: str, t: torch.Tensor) -> None:
+    """Compiled Triton kernels need CUDA tensors; the interpreter (TRITON_INTERPRET=1) CPU ones."""
+    if t.device.type != _DEVICE_TYPE:
+        how = ("Triton runs in the interpreter (TRITON_INTERPRET=1): pass CPU tensors"
+               if _DEVICE_TYPE == "cpu" else "compiled Triton kernels need CUDA tensors")
+        raise ValueError(f"{name} is on {t.device}, but {how}")
+
+
+def _check_int(name: str, value, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    return int(value)
+
+
+def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps) -> None:
     check_tensor("residual", residual, dtypes=(torch.bfloat16,), ndim=3, nonempty=True,
                  contiguous=True)
-    check_kernel_device("residual", residual, _mhc_pre_fuse_kernel)
+    _check_device("residual", residual)
     if residual.shape[1] != N_HC:
         raise ValueError(f"residual must be [T, 4, H] (4 streams), got {tuple(residual.shape)}")
     for name, t, n in (("scale", scale, 3), ("base", base, N_MIX)):
@@ -507,8 +505,7 @@ def _check_common(residual, scale, base, sinkhorn_iters, post_mult, **eps):
     for name, value in eps.items():
         check_real(name, value, "a finite number > 0")
     check_real("post_mult", post_mult, "a finite number")
-    if not (isinstance(sinkhorn_iters, int) and sinkhorn_iters >= 1):
-        raise ValueError(f"sinkhorn_iters must be an int >= 1, got {sinkhorn_iters!r}")
+    _check_int("sinkhorn_iters", sinkhorn_iters, 1)
 
 
 def _dependent(on: bool) -> dict:
@@ -519,16 +516,13 @@ def _dependent(on: bool) -> dict:
 
 
 def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
-          sinkhorn_iters, config, reverse, layer_input=None, pdl=False):
-    """The big-fuse launch. Given a ``layer_input`` that another kernel has written (the
-    one-pass design study, onepass.py), only its metadata programs run: C_l and Sinkhorn."""
+          sinkhorn_iters, config, reverse, pdl=False):
+    """The big-fuse launch: layer_input [T, H] bf16, post_mix [T, 4], comb_mix [T, 4, 4]."""
     T, _, H = residual.shape
     S = dot_mix.shape[0]
     if config is None and residual.device.type != "cuda":
         config = INTERPRETER_CONFIG["fuse"]
-    written = layer_input is not None
-    if not written:
-        layer_input = torch.empty((T, H), dtype=torch.bfloat16, device=residual.device)
+    layer_input = torch.empty((T, H), dtype=torch.bfloat16, device=residual.device)
     post_mix = torch.empty((T, N_HC), dtype=torch.float32, device=residual.device)
     comb_mix = torch.empty((T, N_HC, N_HC), dtype=torch.float32, device=residual.device)
     args = (dot_mix, sqrsum, residual, scale, base, layer_input, post_mix, comb_mix, T, H, S,
@@ -537,107 +531,21 @@ def _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps
     meta_t = META_T["cuda" if residual.device.type == "cuda" else "cpu"]
     n_meta = cdiv(T, meta_t)
     grid = lambda m: (n_meta + cdiv(T, m["BLOCK_T"]) * cdiv(H, m["BLOCK_H"]),)  # noqa: E731
-    s_max = next_power_of_2(S)
-    fixed = dict(S_MAX=s_max, REVERSE=reverse, META_T=meta_t, **_dependent(pdl))
-    if written:  # a grid of metadata programs alone: the streaming tile sizes go unused
-        _mhc_pre_fuse_kernel[(n_meta,)](*args, **fixed, BLOCK_T=1, BLOCK_H=512, num_warps=4)
-    elif config is None:
+    fixed = dict(S_MAX=next_power_of_2(S), REVERSE=reverse, META_T=meta_t, **_dependent(pdl))
+    if config is None:
         key = ("fuse", H, _tokens_key(T), S, reverse, pdl, residual.device)
-        _run_tuned(_fuse_tuned, grid, key, *args, **fixed)
+        _run_tuned(_fuse_tuned, _mhc_pre_fuse_kernel, grid, key, *args, **fixed)
     else:
-        cfg = dict(config)
-        _mhc_pre_fuse_kernel[grid(cfg)](*args, **fixed, **cfg)
+        _mhc_pre_fuse_kernel[grid(config)](*args, **fixed, **config)
     return layer_input, post_mix, comb_mix
-
-
-# --8<-- [start:launchers]
-def mhc_pre(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6,
-            post_mult=2.0, sinkhorn_iters=20, num_splits=None, config=None):
-    """The whole mHC pre step: RMS, the 24-wide projection, gates, Sinkhorn and A_l X_l.
-
-    DeepSeek-V4 (report eqs. 1-7) with the paper's reordering (Xie et al. 2025,
-    arXiv:2512.24880, sec. 4.3.1): the projection runs on the un-normalised residual and is
-    divided by the RMS afterwards. Three launches: fn split into bf16 hi + lo parts, a split-K
-    projection that reads the residual once and writes ``dot_mix`` [S, T, 24] and
-    ``sqrsum`` [S, T], then the big-fuse kernel (see :func:`mhc_pre_from_mixes`). On a GPU the
-    projection and the big-fuse are programmatic dependent launches: each is launched while the
-    kernel before it drains and waits for it before its first read. Given fn already split by
-    :func:`split_fn` (once, when the weights load), two launches, the same bits.
-
-    Args:
-        residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1, any H.
-        fn: W^fused transposed, [24, 4H] float32, rows [pre 0..3 | post 4..7 | comb 8..23];
-            or its hi + lo parts from :func:`split_fn`, [2, 24, 4H] bfloat16.
-        scale: [3] float32, (alpha_pre, alpha_post, alpha_res).
-        base: [24] float32, the static part S, one per slot.
-        rms_eps, pre_eps, sinkhorn_eps: > 0 (DeepSeek-V4: 1e-6 each).
-        post_mult: C_l = post_mult * sigmoid(.) (DeepSeek-V4: 2.0; FlashInfer's default 1.0).
-        sinkhorn_iters: row + column normalisations (DeepSeek-V4: 20).
-        num_splits: K-splits of the projection (default: enough programs to fill the GPU).
-        config: None (on a GPU the projection's fixed tiles, PROJECT_TILE_WIDE where its grid
-            fills the GPU and PROJECT_TILE elsewhere, with the same bits, and an autotuned
-            big-fuse tile; a small fixed one under the interpreter) or
-            ``{"project": {...}, "fuse": {...}}`` with ``project`` keys BLOCK_T, BLOCK_K
-            (dividing 256), num_warps, num_stages and ``fuse`` keys BLOCK_T, BLOCK_H,
-            num_warps (what the tests pass).
-    Returns:
-        layer_input [T, H] bfloat16 (A_l X_l), post_mix [T, 4] float32 (C_l),
-        comb_mix [T, 4, 4] float32 (comb, with B_l = comb^T).
-    """
-    _check_common(residual, scale, base, sinkhorn_iters, post_mult, rms_eps=rms_eps,
-                  pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps)
-    T, _, H = residual.shape
-    K = N_HC * H
-    if config is None and residual.device.type != "cuda":
-        config = INTERPRETER_CONFIG
-    if config is not None:
-        if not (isinstance(config, dict) and set(config) == {"project", "fuse"}):
-            raise ValueError("config must be None or a dict with the keys 'project' and 'fuse', "
-                             f"got {config!r}")
-        _check_config("config['project']", config["project"], _PROJECT_SIZES)
-        _check_config("config['fuse']", config["fuse"], _STREAM_SIZES)
-    check_tensor("fn", fn, dtypes=(torch.float32, torch.bfloat16), contiguous=True,
-                 device=residual.device)
-    if not (num_splits is None or (isinstance(num_splits, int) and num_splits >= 1)):
-        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    if fn.dtype == torch.bfloat16:  # split by split_fn
-        if tuple(fn.shape) != (2, N_MIX, K):
-            raise ValueError(f"a split fn (bfloat16) must have shape (2, 24, 4H) = (2, 24, {K}), "
-                             f"got {tuple(fn.shape)}")
-        w = fn
-    elif tuple(fn.shape) != (N_MIX, K):
-        raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
-    else:
-        w = _split_fn(fn)
-    dot_mix, sqrsum = _project(residual, w, num_splits, config)
-    # backwards, to meet the projection's last reads in L2; on an H200 that buys ~nothing (post 08)
-    return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
-                 post_mult, sinkhorn_iters, None if config is None else config["fuse"],
-                 reverse=True, pdl=residual.device.type == "cuda")
-
-
-def split_fn(fn):
-    """fn [24, 4H] float32 -> its bf16 hi and lo parts [2, 24, 4H], for :func:`mhc_pre`.
-
-    fn = hi + lo to 2^-16 relative (hi is fn rounded to bf16, lo the remainder rounded): the
-    projection's bf16 MMA, with both parts side by side, carries fn that exactly. ``mhc_pre``
-    splits fn on every call, one extra launch; a model whose fn is a fixed weight splits it
-    once, when the weights load, and passes the parts instead. Redo the split whenever fn
-    changes.
-    """
-    check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True)
-    check_kernel_device("fn", fn, _mhc_split_fn_kernel)
-    if fn.shape[0] != N_MIX or fn.shape[1] % N_HC or fn.shape[1] == 0:
-        raise ValueError(f"fn must have shape (24, 4H) with H >= 1, got {tuple(fn.shape)}")
-    return _split_fn(fn)
 
 
 def _split_fn(fn):
     """fn [24, K] fp32 -> [2, 24, K] bf16, its hi and lo parts (_mhc_split_fn_kernel)."""
     n = fn.numel()
     w = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
-    _launch(_mhc_split_fn_kernel, (cdiv(n, SPLIT_TILE["BLOCK"]),), ("split", fn.device), (fn, w, n),
-            {**SPLIT_TILE, "PDL": fn.device.type == "cuda"})
+    _mhc_split_fn_kernel[(cdiv(n, SPLIT_TILE["BLOCK"]),)](
+        fn, w, n, **SPLIT_TILE, PDL=fn.device.type == "cuda")
     return w
 
 
@@ -649,25 +557,19 @@ def _project(residual, w, num_splits, config):
     S, k_split = _splits(T, K, num_splits, sms)
     dot_mix = torch.empty((S, T, N_MIX), dtype=torch.float32, device=residual.device)
     sqrsum = torch.empty((S, T), dtype=torch.float32, device=residual.device)
-    args = (residual, w, dot_mix, sqrsum, T, K, k_split)
-    grid = lambda meta: (S, cdiv(T, meta["BLOCK_T"]))  # noqa: E731
     gpu = residual.device.type == "cuda"
     if config is None:  # on a GPU: the wide tile where its grid fills the GPU, else the 64-token
-        tile = PROJECT_TILE_WIDE if _fills(T, S, sms) else PROJECT_TILE
-        _launch(_mhc_project_kernel, grid(tile), ("project", tile["BLOCK_T"], residual.device),
-                args, {**tile, "MMA_BF16": gpu, **_dependent(gpu)})
-    else:
-        cfg = dict(config["project"])
-        _mhc_project_kernel[grid(cfg)](*args, MMA_BF16=gpu, **_dependent(gpu), **cfg)
+        config = PROJECT_TILE_WIDE if _fills(T, S, sms) else PROJECT_TILE
+    _mhc_project_kernel[(S, cdiv(T, config["BLOCK_T"]))](
+        residual, w, dot_mix, sqrsum, T, K, k_split, MMA_BF16=gpu, **_dependent(gpu), **config)
     return dot_mix, sqrsum
 
 
 def _splits(T: int, K: int, num_splits: int | None, sms: int) -> tuple[int, int]:
     """(S, K columns per split) of the projection on a GPU of ``sms`` SMs: ``num_splits``, or by
     default ~2 programs per SM of 64-token blocks. Long K loops keep the load pipeline full, and
-    few splits keep the partials that the big-fuse kernel sums few (H200 sweep at T = 8192:
-    2 splits 81 us, 16 splits 92 us for H = 4096). Split boundaries fall on multiples of
-    K_SPLIT_ALIGN, and every split is non-empty."""
+    few splits keep the partials that the big-fuse kernel sums few. Split boundaries fall on
+    multiples of K_SPLIT_ALIGN, and every split is non-empty."""
     if num_splits is None:
         num_splits = max(1, min(2 * sms // cdiv(T, 64), cdiv(K, K_SPLIT_ALIGN), MAX_SPLITS))
     k_split = cdiv(cdiv(K, num_splits), K_SPLIT_ALIGN) * K_SPLIT_ALIGN
@@ -679,32 +581,361 @@ def _fills(T: int, S: int, sms: int) -> bool:
     return cdiv(T, PROJECT_TILE_WIDE["BLOCK_T"]) * S >= FILL * sms
 
 
-def mhc_pre_from_mixes(dot_mix, sqrsum, residual, scale, base, *, rms_eps=1e-6, pre_eps=1e-6,
-                       sinkhorn_eps=1e-6, post_mult=2.0, sinkhorn_iters=20, config=None):
+def _post(x, residual, post_mix, comb_mix, config):
+    """The post launch: X_{l+1} [T, 4, H] bf16."""
+    T, _, H = residual.shape
+    if config is None and residual.device.type != "cuda":
+        config = INTERPRETER_CONFIG["fuse"]
+    out = torch.empty_like(residual)
+    grid = lambda m: (cdiv(T, m["BLOCK_T"]) * cdiv(H, m["BLOCK_H"]),)  # noqa: E731
+    args = (x, residual, post_mix, comb_mix, out, T, H)
+    if config is None:
+        _run_tuned(_post_tuned, _mhc_post_kernel, grid, ("post", H, _tokens_key(T),
+                                                          residual.device), *args)
+    else:
+        _mhc_post_kernel[grid(config)](*args, **config)
+    return out
+
+
+# --8<-- [start:backward]
+def _gates_vjp(dot, sq, residual, scale, base, g_li, g_post, g_comb, *, rms_eps, pre_eps,
+               sinkhorn_eps, post_mult, sinkhorn_iters):
+    """The backward of the gates and of layer_input = sum_j pre_j X_j, given the raw mixes
+    ``dot`` [T, 24] and sums of squares ``sq`` [T] (recomputed or given). The 24 numbers a
+    token are recomputed under autograd (the torch reference's gates, Sinkhorn included); the
+    [T, 4, H] parts are written out by hand. Returns (g_dot, g_sq, g_residual through
+    layer_input only, g_scale, g_base), in the compute dtype (float32, or float64 for float64
+    inputs)."""
+    from kernelnotes.mhc.torch_reference import gates_torch
+
+    acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
+    T, _, H = residual.shape
+    res = residual.to(acc)
+    g_li = torch.zeros((T, H), dtype=acc, device=res.device) if g_li is None else g_li.to(acc)
+    g_post = torch.zeros((T, N_HC), dtype=acc, device=res.device) if g_post is None \
+        else g_post.to(acc).reshape(T, N_HC)
+    g_comb = torch.zeros((T, N_HC, N_HC), dtype=acc, device=res.device) if g_comb is None \
+        else g_comb.to(acc)
+    with torch.enable_grad():
+        d, q, sc, b = (t.detach().to(acc).requires_grad_() for t in (dot, sq, scale, base))
+        rstd = torch.rsqrt(q / (N_HC * H) + rms_eps)  # 1 / RMS(vec X_l)
+        pre, post, comb = gates_torch(d * rstd[:, None], sc, b, pre_eps=pre_eps,
+                                      sinkhorn_eps=sinkhorn_eps, post_mult=post_mult,
+                                      sinkhorn_iters=sinkhorn_iters)
+        g_pre = torch.einsum("th,tjh->tj", g_li, res)  # d layer_input / d pre_j = X_j
+        g_dot, g_sq, g_scale, g_base = torch.autograd.grad(
+            (pre, post, comb), (d, q, sc, b), (g_pre, g_post, g_comb))
+    g_res = pre.detach()[:, :, None] * g_li[:, None, :]  # d layer_input / d X_j = pre_j
+    return g_dot, g_sq, g_res, g_scale, g_base
+
+
+def _pre_vjp(residual, fn, scale, base, g_li, g_post, g_comb, **kw):
+    """mhc_pre's backward: (g_residual, g_fn, g_scale, g_base), each in its input's dtype.
+
+    With x = vec(X_l) and w = fn (hi + lo for a split fn): dot = x w^T and sq = |x|^2 are
+    recomputed (one GEMM); then g_x = g_dot w + 2 g_sq x beside layer_input's own term, and
+    g_w = g_dot^T x. A split fn's two parts both get g_w (fn = hi + lo)."""
+    T, _, H = residual.shape
+    acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
+    x = residual.reshape(T, N_HC * H).to(acc)
+    w = fn.to(acc) if fn.ndim == 2 else fn[0].to(acc) + fn[1].to(acc)
+    dot, sq = x @ w.T, (x * x).sum(-1)
+    g_dot, g_sq, g_res, g_scale, g_base = _gates_vjp(dot, sq, residual, scale, base, g_li,
+                                                     g_post, g_comb, **kw)
+    g_x = g_dot @ w + (2 * g_sq)[:, None] * x  # [T, 4H]
+    g_res = g_res + g_x.view(T, N_HC, H)
+    g_w = g_dot.T @ x  # [24, 4H]
+    g_fn = g_w if fn.ndim == 2 else torch.stack((g_w, g_w))
+    return (g_res.to(residual.dtype), g_fn.to(fn.dtype), g_scale.to(scale.dtype),
+            g_base.to(base.dtype))
+
+
+def _post_vjp(x, residual, post_mix, comb_mix, grad):
+    """mhc_post's backward, from out[k] = post[k] x + sum_j comb[j][k] X[j]:
+    g_x = sum_k post[k] g[k], g_X[j] = sum_k comb[j][k] g[k], g_post[k] = <g[k], x>,
+    g_comb[j][k] = <X[j], g[k]>, each in its input's dtype."""
+    acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
+    g, xf, res = grad.to(acc), x.to(acc), residual.to(acc)
+    post, comb = post_mix.to(acc).reshape(g.shape[0], N_HC), comb_mix.to(acc)
+    g_x = torch.einsum("tk,tkh->th", post, g)
+    g_res = torch.einsum("tjk,tkh->tjh", comb, g)
+    g_post = torch.einsum("tkh,th->tk", g, xf).reshape(post_mix.shape)
+    g_comb = torch.einsum("tjh,tkh->tjk", res, g)
+    return (g_x.to(x.dtype), g_res.to(residual.dtype), g_post.to(post_mix.dtype),
+            g_comb.to(comb_mix.dtype))
+# --8<-- [end:backward]
+
+
+# --8<-- [start:custom_ops]
+@torch.library.custom_op("kernelnotes::mhc_pre", mutates_args=())
+def _mhc_pre_op(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor,
+                base: torch.Tensor, rms_eps: float, pre_eps: float, sinkhorn_eps: float,
+                post_mult: float, sinkhorn_iters: int, num_splits: int | None,
+                config: list[int] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    w = fn if fn.dtype == torch.bfloat16 else _split_fn(fn)
+    if config is None and residual.device.type != "cuda":
+        config = _encode(INTERPRETER_CONFIG["project"], _PROJECT_KEYS) + _encode(
+            INTERPRETER_CONFIG["fuse"], _STREAM_KEYS)
+    project = None if config is None else _decode(config[:4], _PROJECT_KEYS)
+    fuse = None if config is None else _decode(config[4:], _STREAM_KEYS)
+    dot_mix, sqrsum = _project(residual, w, num_splits, project)
+    # backwards, to meet the projection's last reads in L2 (on an H200 that buys ~nothing)
+    return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
+                 post_mult, sinkhorn_iters, fuse, reverse=True,
+                 pdl=residual.device.type == "cuda")
+
+
+@_mhc_pre_op.register_fake
+def _(residual, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters,
+      num_splits, config):
+    T, _, H = residual.shape
+    return (residual.new_empty((T, H)), residual.new_empty((T, N_HC), dtype=torch.float32),
+            residual.new_empty((T, N_HC, N_HC), dtype=torch.float32))
+
+
+def _eps(inputs) -> dict:
+    rms_eps, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters = inputs
+    return dict(rms_eps=rms_eps, pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps,
+                post_mult=post_mult, sinkhorn_iters=sinkhorn_iters)
+
+
+def _mhc_pre_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+    ctx.kw = _eps(inputs[4:9])
+
+
+def _mhc_pre_backward(ctx, g_li, g_post, g_comb):
+    residual, fn, scale, base = ctx.saved_tensors
+    grads = _pre_vjp(residual, fn, scale, base, g_li, g_post, g_comb, **ctx.kw)
+    return *grads, None, None, None, None, None, None, None
+
+
+_mhc_pre_op.register_autograd(_mhc_pre_backward, setup_context=_mhc_pre_setup)
+
+
+@torch.library.custom_op("kernelnotes::mhc_pre_from_mixes", mutates_args=())
+def _mhc_pre_from_mixes_op(dot_mix: torch.Tensor, sqrsum: torch.Tensor, residual: torch.Tensor,
+                           scale: torch.Tensor, base: torch.Tensor, rms_eps: float,
+                           pre_eps: float, sinkhorn_eps: float, post_mult: float,
+                           sinkhorn_iters: int, config: list[int] | None
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
+                 post_mult, sinkhorn_iters, _decode(config, _STREAM_KEYS), reverse=False)
+
+
+@_mhc_pre_from_mixes_op.register_fake
+def _(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
+      sinkhorn_iters, config):
+    T, _, H = residual.shape
+    return (residual.new_empty((T, H)), residual.new_empty((T, N_HC), dtype=torch.float32),
+            residual.new_empty((T, N_HC, N_HC), dtype=torch.float32))
+
+
+def _from_mixes_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5])
+    ctx.kw = _eps(inputs[5:10])
+
+
+def _from_mixes_backward(ctx, g_li, g_post, g_comb):
+    dot_mix, sqrsum, residual, scale, base = ctx.saved_tensors
+    g_dot, g_sq, g_res, g_scale, g_base = _gates_vjp(
+        dot_mix.sum(0), sqrsum.sum(0), residual, scale, base, g_li, g_post, g_comb, **ctx.kw)
+    S = dot_mix.shape[0]  # every split partial enters the sum with weight 1
+    return (g_dot.expand(S, *g_dot.shape).to(dot_mix.dtype),
+            g_sq.expand(S, *g_sq.shape).to(sqrsum.dtype), g_res.to(residual.dtype),
+            g_scale.to(scale.dtype), g_base.to(base.dtype), None, None, None, None, None, None)
+
+
+_mhc_pre_from_mixes_op.register_autograd(_from_mixes_backward, setup_context=_from_mixes_setup)
+
+
+@torch.library.custom_op("kernelnotes::mhc_post", mutates_args=())
+def _mhc_post_op(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor,
+                 comb_mix: torch.Tensor, config: list[int] | None) -> torch.Tensor:
+    return _post(x, residual, post_mix, comb_mix, _decode(config, _STREAM_KEYS))
+
+
+@_mhc_post_op.register_fake
+def _(x, residual, post_mix, comb_mix, config):
+    return torch.empty_like(residual)
+
+
+def _mhc_post_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+
+
+def _mhc_post_backward(ctx, grad):
+    return *_post_vjp(*ctx.saved_tensors, grad), None
+
+
+_mhc_post_op.register_autograd(_mhc_post_backward, setup_context=_mhc_post_setup)
+
+
+@torch.library.custom_op("kernelnotes::mhc_split_fn", mutates_args=())
+def _split_fn_op(fn: torch.Tensor) -> torch.Tensor:
+    return _split_fn(fn)
+
+
+@_split_fn_op.register_fake
+def _(fn):
+    return fn.new_empty((2, *fn.shape), dtype=torch.bfloat16)
+# --8<-- [end:custom_ops]
+
+
+# --8<-- [start:launchers]
+class MhcPre(NamedTuple):
+    """What :func:`mhc_pre` and :func:`mhc_pre_from_mixes` return."""
+
+    layer_input: torch.Tensor  # A_l X_l, [T, H] bfloat16
+    post_mix: torch.Tensor  # C_l, [T, 4] float32
+    comb_mix: torch.Tensor  # comb = B_l^T, [T, 4, 4] float32
+
+
+def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+            *, rms_eps: float = 1e-6, pre_eps: float = 1e-6, sinkhorn_eps: float = 1e-6,
+            post_mult: float = 2.0, sinkhorn_iters: int = 20, num_splits: int | None = None,
+            config: dict | None = None) -> MhcPre:
+    """The whole mHC pre step: RMS, the 24-wide projection, gates, Sinkhorn and A_l X_l.
+
+    DeepSeek-V4 (report eqs. 1-7) with the paper's reordering (Xie et al. 2025,
+    arXiv:2512.24880, sec. 4.3.1): the projection runs on the un-normalised residual and is
+    divided by the RMS afterwards. Three launches: fn split into bf16 hi + lo parts, a split-K
+    projection that reads the residual once and writes ``dot_mix`` [S, T, 24] and
+    ``sqrsum`` [S, T], then the big-fuse kernel (see :func:`mhc_pre_from_mixes`). Given fn
+    already split by :func:`split_fn` (once, when the weights load), two launches, the same
+    bits. A ``kernelnotes::mhc_pre`` custom op: works under ``torch.compile`` and
+    ``FakeTensorMode``, and is differentiable with respect to residual, fn, scale and base
+    (the backward recomputes the projection and the gates with torch ops).
+
+    Args:
+        residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1, any H >= 1; CUDA (CPU under
+            Triton's interpreter).
+        fn: W^fused transposed, [24, 4H] float32, rows [pre 0..3 | post 4..7 | comb 8..23];
+            or its hi + lo parts from :func:`split_fn`, [2, 24, 4H] bfloat16. Non-finite
+            entries behave as in the float32 torch reference (an inf saturates its gate).
+        scale: [3] float32, (alpha_pre, alpha_post, alpha_res).
+        base: [24] float32, the static part S, one per slot.
+        rms_eps: added to the mean square; a finite number > 0 (DeepSeek-V4: 1e-6).
+        pre_eps: added to each pre gate; a finite number > 0 (1e-6).
+        sinkhorn_eps: Sinkhorn's floor and denominators; a finite number > 0 (1e-6).
+        post_mult: C_l = post_mult * sigmoid(.); finite (DeepSeek-V4: 2.0; FlashInfer 1.0).
+        sinkhorn_iters: row + column normalisations, an int >= 1 (DeepSeek-V4: 20).
+        num_splits: K-splits of the projection, an int >= 1 (default: enough programs to fill
+            the GPU).
+        config: None (on a GPU fixed projection tiles and an autotuned big-fuse tile; a small
+            fixed one under the interpreter) or ``{"project": {...}, "fuse": {...}}`` with
+            ``project`` keys BLOCK_T, BLOCK_K (a power of two dividing 256), optional
+            num_warps, num_stages and ``fuse`` keys BLOCK_T, BLOCK_H, optional num_warps.
+
+    Returns:
+        MhcPre(layer_input [T, H] bfloat16 (A_l X_l), post_mix [T, 4] float32 (C_l),
+        comb_mix [T, 4, 4] float32 (comb, with B_l = comb^T)).
+
+    Raises:
+        TypeError: an argument of the wrong type or dtype (named in the message).
+        ValueError: a wrong shape, an empty or non-contiguous tensor, tensors on different
+            devices or on one the kernels cannot run on, a non-finite or non-positive eps,
+            a bad config.
+    """
+    _check_common(residual, scale, base, sinkhorn_iters, post_mult, rms_eps=rms_eps,
+                  pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps)
+    K = N_HC * residual.shape[2]
+    check_tensor("fn", fn, dtypes=(torch.float32, torch.bfloat16), contiguous=True,
+                 device=residual.device)
+    if fn.dtype == torch.bfloat16 and tuple(fn.shape) != (2, N_MIX, K):
+        raise ValueError(f"a split fn (bfloat16) must have shape (2, 24, 4H) = (2, 24, {K}), "
+                         f"got {tuple(fn.shape)}")
+    if fn.dtype == torch.float32 and tuple(fn.shape) != (N_MIX, K):
+        raise ValueError(f"fn must have shape (24, 4H) = (24, {K}), got {tuple(fn.shape)}")
+    if num_splits is not None:
+        _check_int("num_splits", num_splits, 1)
+    if config is not None:
+        if not (isinstance(config, dict) and set(config) == {"project", "fuse"}):
+            raise ValueError("config must be None or a dict with the keys 'project' and 'fuse', "
+                             f"got {config!r}")
+        _check_config("config['project']", config["project"], _PROJECT_SIZES)
+        _check_config("config['fuse']", config["fuse"], _STREAM_SIZES)
+        config = _encode(config["project"], _PROJECT_KEYS) + _encode(config["fuse"],
+                                                                     _STREAM_KEYS)
+    out = _mhc_pre_op(residual, fn, scale, base, float(rms_eps), float(pre_eps),
+                      float(sinkhorn_eps), float(post_mult), int(sinkhorn_iters),
+                      num_splits, config)
+    return MhcPre(*out)
+
+
+def split_fn(fn: torch.Tensor) -> torch.Tensor:
+    """fn [24, 4H] float32 -> its bf16 hi and lo parts [2, 24, 4H], for :func:`mhc_pre`.
+
+    fn = hi + lo to 2^-16 relative (hi is fn rounded to bf16, lo the remainder rounded): the
+    projection's bf16 MMA, with both parts side by side, carries fn that exactly. ``mhc_pre``
+    splits fn on every call, one extra launch; a model whose fn is a fixed weight splits it
+    once, when the weights load, and passes the parts instead. Redo the split whenever fn
+    changes. An inf entry is carried whole by hi (lo is 0 there).
+
+    Args:
+        fn: [24, 4H] float32, contiguous, H >= 1; CUDA (CPU under Triton's interpreter).
+
+    Returns:
+        [2, 24, 4H] bfloat16: hi, then lo.
+
+    Raises:
+        TypeError: fn is not a float32 tensor.
+        ValueError: a wrong shape, a non-contiguous fn, a device the kernel cannot run on.
+        RuntimeError: fn requires grad (the split has no backward: pass fn itself to
+            :func:`mhc_pre` to train it).
+    """
+    check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True)
+    _check_device("fn", fn)
+    if fn.shape[0] != N_MIX or fn.shape[1] % N_HC or fn.shape[1] == 0:
+        raise ValueError(f"fn must have shape (24, 4H) with H >= 1, got {tuple(fn.shape)}")
+    if fn.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError("kernelnotes::mhc_split_fn has no backward: pass fn itself to "
+                           "mhc_pre to train it (or split a detached fn)")
+    return _split_fn_op(fn)
+
+
+def mhc_pre_from_mixes(dot_mix: torch.Tensor, sqrsum: torch.Tensor, residual: torch.Tensor,
+                       scale: torch.Tensor, base: torch.Tensor, *, rms_eps: float = 1e-6,
+                       pre_eps: float = 1e-6, sinkhorn_eps: float = 1e-6,
+                       post_mult: float = 2.0, sinkhorn_iters: int = 20,
+                       config: dict | None = None) -> MhcPre:
     """mhc_pre from a precomputed projection: FlashInfer's ``mhc_pre_big_fuse`` boundary.
 
     rstd = 1/sqrt(sum_s sqrsum[s] / (4H) + rms_eps); mixes = (sum_s dot_mix[s]) * rstd; then
     pre/post gates, Sinkhorn and layer_input as :func:`mhc_pre`. One program per
     (BLOCK_T tokens, BLOCK_H columns), after one metadata program (post gates and Sinkhorn) per
-    META_T tokens.
+    META_T tokens. A ``kernelnotes::mhc_pre_from_mixes`` custom op, differentiable with
+    respect to dot_mix, sqrsum, residual, scale and base.
 
     Args:
         dot_mix: x @ fn^T of the un-normalised flat residual, [T, 24] or split-K [S, T, 24],
             float32, contiguous.
-        sqrsum: sum of x^2 per token, [T] or [S, T], float32, contiguous.
-        residual, scale, base, eps, post_mult, sinkhorn_iters: as :func:`mhc_pre`.
-        config: None (autotune on a GPU) or a dict with BLOCK_T, BLOCK_H, num_warps.
+        sqrsum: sum of x^2 per token, [T] or [S, T] (as dot_mix), float32, contiguous.
+        residual: X_l, [T, 4, H] bfloat16, as :func:`mhc_pre`.
+        scale: [3] float32; base: [24] float32.
+        rms_eps, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters: as :func:`mhc_pre`.
+        config: None (autotune on a GPU) or a dict with BLOCK_T, BLOCK_H, optional num_warps.
+
     Returns:
-        layer_input [T, H] bfloat16, post_mix [T, 4] float32, comb_mix [T, 4, 4] float32.
+        MhcPre(layer_input [T, H] bfloat16, post_mix [T, 4] float32,
+        comb_mix [T, 4, 4] float32).
+
+    Raises:
+        TypeError: an argument of the wrong type or dtype (named in the message).
+        ValueError: shapes that do not match, empty or non-contiguous tensors, devices, eps
+            or config as :func:`mhc_pre`.
     """
     _check_common(residual, scale, base, sinkhorn_iters, post_mult, rms_eps=rms_eps,
                   pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps)
     T = residual.shape[0]
     check_tensor("dot_mix", dot_mix, dtypes=(torch.float32,), contiguous=True,
                  device=residual.device)
-    check_tensor("sqrsum", sqrsum, dtypes=(torch.float32,), contiguous=True, device=residual.device)
+    check_tensor("sqrsum", sqrsum, dtypes=(torch.float32,), contiguous=True,
+                 device=residual.device)
     if dot_mix.ndim == 2:
-        dot_mix, sqrsum = dot_mix[None], sqrsum[None]
+        dot_mix = dot_mix[None]
+    if sqrsum.ndim == 1:
+        sqrsum = sqrsum[None]
     S = dot_mix.shape[0]
     if dot_mix.ndim != 3 or tuple(dot_mix.shape[1:]) != (T, N_MIX) or S < 1:
         raise ValueError(f"dot_mix must be [T, 24] or [S, T, 24] with T = {T}, "
@@ -714,28 +945,39 @@ def mhc_pre_from_mixes(dot_mix, sqrsum, residual, scale, base, *, rms_eps=1e-6, 
                          f"got shape {tuple(sqrsum.shape)}")
     if config is not None:
         _check_config("config", config, _STREAM_SIZES)
-    return _fuse(dot_mix, sqrsum, residual, scale, base, rms_eps, pre_eps, sinkhorn_eps,
-                 post_mult, sinkhorn_iters, config, reverse=False)
+    out = _mhc_pre_from_mixes_op(dot_mix, sqrsum, residual, scale, base, float(rms_eps),
+                                 float(pre_eps), float(sinkhorn_eps), float(post_mult),
+                                 int(sinkhorn_iters), _encode(config, _STREAM_KEYS))
+    return MhcPre(*out)
 
 
-def mhc_post(x, residual, post_mix, comb_mix, *, config=None):
+def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor,
+             comb_mix: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
     """X_{l+1} = B_l X_l + C_l F: out[t, k] = post[t, k] x[t] + sum_j comb[t, j, k] residual[t, j].
 
     The residual update of DeepSeek-V4 (report eq. 1; ``hc_post``) and FlashInfer's ``mhc_post``,
-    accumulated in float32 and rounded once to bfloat16.
+    accumulated in float32 and rounded once to bfloat16. A ``kernelnotes::mhc_post`` custom op,
+    differentiable with respect to every input.
 
     Args:
         x: the sublayer output F_l(A_l X_l), [T, H] bfloat16, contiguous.
-        residual: X_l, [T, 4, H] bfloat16, contiguous.
-        post_mix: C_l, [T, 4] (or [T, 4, 1]) float32.
-        comb_mix: comb = B_l^T, [T, 4, 4] float32.
-        config: None (autotune on a GPU) or a dict with BLOCK_T, BLOCK_H, num_warps.
+        residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1; CUDA (CPU under Triton's
+            interpreter).
+        post_mix: C_l, [T, 4] (or [T, 4, 1]) float32, contiguous.
+        comb_mix: comb = B_l^T, [T, 4, 4] float32, contiguous.
+        config: None (autotune on a GPU) or a dict with BLOCK_T, BLOCK_H, optional num_warps.
+
     Returns:
         X_{l+1}, [T, 4, H] bfloat16.
+
+    Raises:
+        TypeError: an argument of the wrong type or dtype (named in the message).
+        ValueError: shapes that do not match, empty or non-contiguous tensors, tensors on
+            different devices or on one the kernels cannot run on, a bad config.
     """
     check_tensor("residual", residual, dtypes=(torch.bfloat16,), ndim=3, nonempty=True,
                  contiguous=True)
-    check_kernel_device("residual", residual, _mhc_post_kernel)
+    _check_device("residual", residual)
     T, n, H = residual.shape
     if n != N_HC:
         raise ValueError(f"residual must be [T, 4, H] (4 streams), got {tuple(residual.shape)}")
@@ -751,16 +993,8 @@ def mhc_post(x, residual, post_mix, comb_mix, *, config=None):
                  device=residual.device)
     if tuple(comb_mix.shape) != (T, N_HC, N_HC):
         raise ValueError(f"comb_mix must have shape {(T, 4, 4)}, got {tuple(comb_mix.shape)}")
-    if config is None and residual.device.type != "cuda":
-        config = INTERPRETER_CONFIG["fuse"]
     if config is not None:
         _check_config("config", config, _STREAM_SIZES)
-    out = torch.empty_like(residual)
-    grid = lambda m: (cdiv(T, m["BLOCK_T"]) * cdiv(H, m["BLOCK_H"]),)  # noqa: E731
-    if config is None:
-        _run_tuned(_post_tuned, grid, ("post", H, _tokens_key(T), residual.device), x, residual,
-                   post_mix, comb_mix, out, T, H)
-    else:
-        _mhc_post_kernel[grid(config)](x, residual, post_mix, comb_mix, out, T, H, **config)
-    return out
+    return _mhc_post_op(x, residual, post_mix.reshape(T, N_HC), comb_mix,
+                        _encode(config, _STREAM_KEYS))
 # --8<-- [end:launchers]

@@ -21,7 +21,18 @@ def sinkhorn_torch(c: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return c
 
 
-def _gates(mix, scale, base, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters):
+def gates_torch(mix: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
+                pre_eps: float = 1e-6, sinkhorn_eps: float = 1e-6, post_mult: float = 2.0,
+                sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pre [T, 4], post [T, 4] and comb [T, 4, 4] from the normalised mixes [T, 24].
+
+    Args:
+        mix: RMSNorm(vec X) fn^T, [T, 24] float32 (or float64), slots [pre | post | comb].
+        scale: [3] (alpha_pre, alpha_post, alpha_res); base: [24], the static part.
+        pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters: as ``kernelnotes.mhc.mhc_pre``.
+    Returns:
+        (pre, post, comb), in mix's dtype; differentiable by autograd.
+    """
     pre = torch.sigmoid(mix[:, 0:4] * scale[0] + base[0:4]) + pre_eps
     post = post_mult * torch.sigmoid(mix[:, 4:8] * scale[1] + base[4:8])
     comb = sinkhorn_torch((mix[:, 8:] * scale[2] + base[8:]).view(-1, 4, 4), sinkhorn_iters,
@@ -35,7 +46,8 @@ def mhc_pre_torch(residual, fn, scale, base, rms_eps=1e-6, pre_eps=1e-6, sinkhor
     x = residual.flatten(1).float()  # [T, 4H]
     rstd = torch.rsqrt(x.square().mean(-1, keepdim=True) + rms_eps)
     mix = F.linear(x, fn) * rstd  # [T, 24]
-    pre, post, comb = _gates(mix, scale, base, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters)
+    pre, post, comb = gates_torch(mix, scale, base, pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps,
+                                  post_mult=post_mult, sinkhorn_iters=sinkhorn_iters)
     layer_input = (pre[:, :, None] * residual.float()).sum(1).bfloat16()
     return layer_input, post, comb
 
@@ -46,7 +58,8 @@ def mhc_pre_from_mixes_torch(dot_mix, sqrsum, residual, scale, base, rms_eps=1e-
     k = 4 * residual.shape[-1]
     rstd = torch.rsqrt(sqrsum.sum(0)[:, None] / k + rms_eps)
     mix = dot_mix.sum(0) * rstd
-    pre, post, comb = _gates(mix, scale, base, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters)
+    pre, post, comb = gates_torch(mix, scale, base, pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps,
+                                  post_mult=post_mult, sinkhorn_iters=sinkhorn_iters)
     layer_input = (pre[:, :, None] * residual.float()).sum(1).bfloat16()
     return layer_input, post, comb
 
