@@ -1,8 +1,11 @@
 """Gradient descent: NumPy references (GD, SGD, mini-batch, momentum, Adam, AdamW) and fused
-Triton optimizer steps exposed as ``torch.optim.Optimizer`` subclasses.
+Triton optimizer steps, as functions and as ``torch.optim.Optimizer`` subclasses.
 
-The references import with NumPy only; ``kernelnotes.gd.SGD``/``Adam``/``AdamW`` and the
-launchers ``sgd_step_``/``adam_step_`` import torch and triton on first use.
+The references import with NumPy only. ``SGD``, ``Adam`` and ``AdamW`` drop in for
+``torch.optim``'s; ``sgd_step_`` and ``adam_step_`` step lists of tensors in place through the
+custom operators ``torch.ops.kernelnotes.sgd_step_`` and ``adam_step_`` (so they work under
+``torch.compile(fullgraph=True)``). Those import torch and triton on first use. The post
+(docs/posts/04-gradient-descent.md) derives every update.
 """
 
 from kernelnotes._lazy import lazy_exports

@@ -25,8 +25,8 @@ from kernelnotes.gd.reference import (
     warmup_cosine,
 )
 
-X0 = 1.8  # the seed's starting point on f(x) = x^2
-SEED_RATES = (0.01, 0.1, 1.6)  # the seed's "too small", "good", "too large"
+X0 = 1.8  # the starting point on f(x) = x^2
+EXAMPLE_RATES = (0.01, 0.1, 1.6)  # a "too small", a "good" and a "too large" rate
 STUDY_RATES = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.6)
 TOLS = (1e-2, 1e-6)
 THETA0_2D = (-4.0, 2.0)  # start on the paraboloid theta1^2 + 2 theta2^2
@@ -217,7 +217,7 @@ def figure_lr_paths():
     ax0.set_title("monotone ($\\alpha$ < 1/2) and oscillating ($1/2 < \\alpha$ < 1)", fontsize=9)
     ax0.legend(fontsize=8)
     k = np.arange(31)
-    for a, m in zip(SEED_RATES + (0.75,), "osd^", strict=True):
+    for a, m in zip(EXAMPLE_RATES + (0.75,), "osd^", strict=True):
         ax1.semilogy(k, np.abs(x_squared_path(a, 30)), marker=m, ms=3, label=f"$\\alpha$ = {a}")
     ax1.set_xlabel("step $k$")
     ax1.set_ylabel("$|x_k|$")
