@@ -21,6 +21,7 @@ Nq, Nk, d = 48, 64, 16
 Br, Bc = 16, 8
 logit_scale = 4.0  # larger -> peakier softmax, more rescaling of the running sums
 causal = True
+alignment = "top_left"  # as torch's is_causal; "bottom_right": the last query sees every key
 rng = np.random.default_rng(0)
 Q = logit_scale * rng.standard_normal((Nq, d))
 K = rng.standard_normal((Nk, d))
@@ -32,9 +33,9 @@ V = rng.standard_normal((Nk, d))
 # not depend on $B_r$, $B_c$ (up to rounding).
 
 # %%
-O_ref, L_ref = attention_naive(Q, K, V, causal)
+O_ref, L_ref = attention_naive(Q, K, V, causal, alignment=alignment)
 for br, bc in [(1, 1), (Br, Bc), (Nq, Nk)]:
-    O, L = flash_attention_forward(Q, K, V, br, bc, causal)
+    O, L = flash_attention_forward(Q, K, V, br, bc, causal, alignment=alignment)
     print(f"B_r={br:3d} B_c={bc:3d}: max |O - O_ref| = {np.abs(O - O_ref).max():.2e}, "
           f"max |L - L_ref| = {np.abs(L - L_ref).max():.2e}")
 
@@ -46,7 +47,7 @@ for br, bc in [(1, 1), (Br, Bc), (Nq, Nk)]:
 
 # %%
 trace = []
-flash_attention_forward(Q, K, V, Br, Bc, causal, trace=trace)
+flash_attention_forward(Q, K, V, Br, Bc, causal, trace=trace, alignment=alignment)
 row = Br - 1  # the last row of the first query tile
 steps = [t for t in trace if t["i"] == 0]
 fig, ax = plt.subplots(1, 2, figsize=(10, 3.2))
@@ -63,7 +64,7 @@ plt.tight_layout()
 
 # %%
 dO = rng.standard_normal((Nq, d))
-dQ, dK, dV = flash_attention_backward(Q, K, V, O_ref, dO, L_ref, causal)
+dQ, dK, dV = flash_attention_backward(Q, K, V, O_ref, dO, L_ref, causal, alignment=alignment)
 h = 1e-6
 for name, X, G in (("Q", Q, dQ), ("K", K, dK), ("V", V, dV)):
     idx = tuple(rng.integers(0, s) for s in X.shape)
@@ -71,7 +72,7 @@ for name, X, G in (("Q", Q, dQ), ("K", K, dK), ("V", V, dV)):
     E[idx] = h
     def loss(delta, name=name):
         Qx, Kx, Vx = (A + delta if n == name else A for n, A in zip("QKV", (Q, K, V), strict=True))
-        return (attention_naive(Qx, Kx, Vx, causal)[0] * dO).sum()
+        return (attention_naive(Qx, Kx, Vx, causal, alignment=alignment)[0] * dO).sum()
     numeric = (loss(E) - loss(-E)) / (2 * h)
     print(f"d{name}{[int(i) for i in idx]}: recomputation {G[idx]: .8f}, "
           f"central difference {numeric: .8f}")

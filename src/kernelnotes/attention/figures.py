@@ -25,7 +25,7 @@ PENDING = ('!!! note "Results pending"\n    Results pending: run `python -m benc
 
 # ----------------------------------------------------------------------------- worked example
 def example():
-    """The seed's N = 6, d = 2 example (σ = 1, as in the seed's walk-through)."""
+    """The worked example of the post: N = 6, d = 2, used with σ = 1 (easier by hand)."""
     Q = np.array([[2, -1], [-2, 5], [4, 1], [0, 2], [3, 0], [1, -3]], float)
     K = np.array([[1, -2], [0, 3], [4, 1], [-1, 2], [5, 0], [2, -4]], float)
     V = np.array([[3, 0], [1, 2], [-2, 1], [5, -3], [4, 0], [-1, 2]], float)
