@@ -285,28 +285,24 @@ def table_power():
 
 
 def table_training():
-    """The training layers of ffn.json (the forward keeping Z, dZ1 with its db1), each timed in
-    interleaved rounds and sustained at the power cap."""
+    """The training layers of ffn.json (the forward keeping Z, dZ1 with its db1, and their peers),
+    timed in the same interleaved rounds."""
     try:
         rows = _results.load("ffn")["rows"]
     except FileNotFoundError:
         rows = []
-    capped = {r["impl"]: r for r in rows if r["op"] == SUSTAINED and "ms" in r}
     out = []
     for r in rows:
         if r["op"] != TRAINING:
             continue
         if "ms" not in r:
-            out.append([r["impl"], _note(r), "", "", ""])
+            out.append([r["impl"], _note(r), ""])
             continue
-        c = capped.get(r["impl"])
-        out.append([r["impl"], f"{r['ms']:.3f}", f"{r['tflops']:.0f}",
-                    f"{c['ms']:.3f}" if c else "", f"{c['sm_mhz']:.0f}" if c else ""])
+        out.append([r["impl"], f"{r['ms']:.3f}", f"{r['tflops']:.0f}"])
     if not out:
         return '!!! note "Results pending"\n    No training-layer rows in `ffn.json` yet.'
     return _results.markdown_table(
-        ["layer (8192 x 4096 x 16384)", "ms (p50 of rounds)", "TFLOP/s", "ms at the cap (3 s)",
-         "SM clock at the cap (MHz)"], out, "lrrrr")
+        ["layer (8192 x 4096 x 16384)", "ms (p50 of rounds)", "TFLOP/s"], out, "lrr")
 
 
 def energy_fit(rows: list[dict]) -> dict:
