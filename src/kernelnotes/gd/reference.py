@@ -6,16 +6,29 @@ print tables, count steps and plot paths from the same code. The single-step upd
 NumPy only: this module imports without torch.
 """
 
-from __future__ import annotations
-
 import math
+from collections.abc import Callable
 
 import numpy as np
 
+# (no ``from __future__ import annotations``: the post runs these sections as written, so their
+# annotations are evaluated and must exist there; "Grad" stays a string for that reason)
+Grad = Callable[[np.ndarray], np.ndarray]  # theta [d] -> grad f(theta) [d]
+
 
 # --8<-- [start:gd]
-def gd(grad, theta0, alpha: float, n_steps: int) -> np.ndarray:
-    """Gradient descent theta_{k+1} = theta_k - alpha grad f(theta_k); returns [n_steps+1, d]."""
+def gd(grad: "Grad", theta0: np.typing.ArrayLike, alpha: float, n_steps: int) -> np.ndarray:
+    """Gradient descent theta_{k+1} = theta_k - alpha grad f(theta_k).
+
+    Args:
+        grad: the gradient, a function of theta [d] returning [d].
+        theta0: the start, a number or [d].
+        alpha: the learning rate.
+        n_steps: the number of steps.
+
+    Returns:
+        Every iterate theta_0 .. theta_n, float64 [n_steps+1, d].
+    """
     theta = np.atleast_1d(np.asarray(theta0, dtype=np.float64))  # [d]
     history = [theta]
     for _ in range(n_steps):
@@ -29,7 +42,13 @@ def gd(grad, theta0, alpha: float, n_steps: int) -> np.ndarray:
 def steps_to_tol(x0: float, alpha: float, tol: float) -> float:
     """Steps until |x_k| <= tol for f(x) = x^2, where x_k = (1 - 2 alpha)^k x_0 exactly.
 
-    Returns inf when the iteration never gets there (|1 - 2 alpha| >= 1).
+    Args:
+        x0: the start.
+        alpha: the learning rate.
+        tol: the tolerance on |x_k|, > 0.
+
+    Returns:
+        The first k with |x_k| <= tol (an int), or inf when |1 - 2 alpha| >= 1.
     """
     r = abs(1.0 - 2.0 * alpha)  # |x_{k+1}| = r |x_k|
     if abs(x0) <= tol:
@@ -42,7 +61,15 @@ def steps_to_tol(x0: float, alpha: float, tol: float) -> float:
 
 
 def regime(alpha: float) -> str:
-    """How GD on f(x) = x^2 behaves at rate alpha: the sign and size of 1 - 2 alpha decide it."""
+    """How GD on f(x) = x^2 behaves at rate alpha: the sign and size of 1 - 2 alpha decide it.
+
+    Args:
+        alpha: the learning rate (any real number).
+
+    Returns:
+        "monotone", "one step", "oscillating, convergent", "oscillating forever",
+        "oscillating, divergent", "monotone, divergent" or "no progress".
+    """
     r = 1.0 - 2.0 * alpha
     if r == 0.0:
         return "one step"  # alpha = 1/2
@@ -60,24 +87,53 @@ def regime(alpha: float) -> str:
 
 # --8<-- [start:least_squares]
 def lstsq_loss(X: np.ndarray, y: np.ndarray, theta: np.ndarray) -> float:
-    """L(theta) = ||X theta - y||^2 / n, the mean squared error."""
+    """L(theta) = ||X theta - y||^2 / n, the mean squared error.
+
+    Args:
+        X: the data [n, d].
+        y: the targets [n].
+        theta: the coefficients [d].
+
+    Returns:
+        The loss, a float.
+    """
     r = X @ theta - y  # residual                                           [n]
     return float(r @ r) / len(y)
 
 
 def lstsq_grad(X: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """grad L = (2/n) X^T (X theta - y): two matrix-vector products, 4nd flops."""
+    """grad L = (2/n) X^T (X theta - y): two matrix-vector products, 4nd flops.
+
+    Args:
+        X: the data [n, d].
+        y: the targets [n].
+        theta: the coefficients [d].
+
+    Returns:
+        The gradient of ``lstsq_loss`` [d].
+    """
     return 2.0 / len(y) * (X.T @ (X @ theta - y))  # [d]
 # --8<-- [end:least_squares]
 
 
 # --8<-- [start:minibatch]
-def minibatch_sgd(X, y, theta0, alpha: float, batch: int, n_epochs: int,
-                  rng: np.random.Generator) -> np.ndarray:
+def minibatch_sgd(X: np.ndarray, y: np.ndarray, theta0: np.typing.ArrayLike, alpha: float,
+                  batch: int, n_epochs: int, rng: np.random.Generator) -> np.ndarray:
     """Mini-batch SGD on the mean squared error; batch=1 is SGD, batch=n is batch GD.
 
-    Each epoch visits the rows in a fresh random order, ``batch`` rows per step; returns the
-    iterate after every step, [n_epochs * ceil(n / batch) + 1, d].
+    Each epoch visits the rows in a fresh random order, ``batch`` rows per step.
+
+    Args:
+        X: the data [n, d].
+        y: the targets [n].
+        theta0: the start [d].
+        alpha: the learning rate.
+        batch: rows per step, >= 1 (the last batch of an epoch may be smaller).
+        n_epochs: passes over the data.
+        rng: draws the order of the rows.
+
+    Returns:
+        The iterate after every step, [n_epochs * ceil(n / batch) + 1, d].
     """
     n = len(y)
     theta = np.asarray(theta0, dtype=np.float64)  # [d]
@@ -94,10 +150,19 @@ def minibatch_sgd(X, y, theta0, alpha: float, batch: int, n_epochs: int,
 
 
 # --8<-- [start:momentum]
-def momentum(grad, theta0, alpha: float, beta: float, n_steps: int) -> np.ndarray:
+def momentum(grad: "Grad", theta0: np.typing.ArrayLike, alpha: float, beta: float,
+             n_steps: int) -> np.ndarray:
     """Polyak's heavy ball; theta_{-1} = theta_0, so the first step is plain GD.
 
-    Returns [n_steps+1, d].
+    Args:
+        grad: the gradient, a function of theta [d] returning [d].
+        theta0: the start, a number or [d].
+        alpha: the learning rate.
+        beta: the momentum, the share of the previous step added to this one.
+        n_steps: the number of steps.
+
+    Returns:
+        Every iterate, float64 [n_steps+1, d].
     """
     theta = np.atleast_1d(np.asarray(theta0, dtype=np.float64))  # [d]
     prev = theta
@@ -111,12 +176,27 @@ def momentum(grad, theta0, alpha: float, beta: float, n_steps: int) -> np.ndarra
 
 
 # --8<-- [start:sgd_update]
-def sgd_update(theta, g, buf, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
-               nesterov=False, maximize=False):
-    """One step of torch.optim.SGD's rule in float64; ``buf`` None on the first step.
+def sgd_update(theta: np.ndarray, g: np.ndarray, buf: np.ndarray | None, *, lr: float,
+               momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+               nesterov: bool = False, maximize: bool = False) -> tuple:
+    """One step of torch.optim.SGD's rule in float64.
 
-    Returns (theta, buf). With dampening 0, buf_k = beta buf_{k-1} + g_k and
-    theta_{k+1} = theta_k - lr buf_k is the heavy ball above with beta = momentum.
+    With dampening 0, buf_k = beta buf_{k-1} + g_k and theta_{k+1} = theta_k - lr buf_k is the
+    heavy ball above with beta = momentum.
+
+    Args:
+        theta: the parameters (any shape).
+        g: their gradient, of theta's shape.
+        buf: the momentum buffer, None on the first step.
+        lr: the learning rate.
+        momentum: the buffer's decay; 0 for plain SGD.
+        dampening: the share of g left out of the buffer.
+        weight_decay: an L2 penalty added to g.
+        nesterov: step along g + momentum buf instead of buf.
+        maximize: step up the gradient.
+
+    Returns:
+        (theta, buf) after the step.
     """
     g = -g if maximize else g
     if weight_decay:  # an infinite theta would add inf * 0 = NaN
@@ -129,12 +209,33 @@ def sgd_update(theta, g, buf, *, lr, momentum=0.0, dampening=0.0, weight_decay=0
 
 
 # --8<-- [start:adam_update]
-def adam_update(theta, g, m, v, k: int, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
-                weight_decay=0.0, decoupled_weight_decay=False, amsgrad=False, vmax=None,
-                maximize=False):
+def adam_update(theta: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, k: int, *,
+                lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                weight_decay: float = 0.0, decoupled_weight_decay: bool = False,
+                amsgrad: bool = False, vmax: np.ndarray | None = None,
+                maximize: bool = False) -> tuple:
     """Step k (from 1) of Adam (Kingma & Ba 2015, Alg. 1) / AdamW (Loshchilov & Hutter 2019).
 
-    eps is added to sqrt(v_hat), as torch.optim does. Returns (theta, m, v, vmax).
+    eps is added to sqrt(v_hat), as torch.optim does.
+
+    Args:
+        theta: the parameters (any shape); g, m, v (and vmax) have its shape.
+        g: the gradient.
+        m: the first moment before this step (0 at the start).
+        v: the second moment before this step (0 at the start).
+        k: the step number, from 1 (the bias corrections divide by 1 - beta^k).
+        lr: the learning rate.
+        beta1: the decay of m.
+        beta2: the decay of v.
+        eps: added to sqrt(v_hat).
+        weight_decay: L2 penalty in g, or AdamW's decay with ``decoupled_weight_decay``.
+        decoupled_weight_decay: shrink theta by 1 - lr weight_decay instead.
+        amsgrad: divide by the running maximum of v (``vmax``, required then).
+        vmax: the running maximum of v before this step.
+        maximize: step up the gradient.
+
+    Returns:
+        (theta, m, v, vmax) after the step.
     """
     g = -g if maximize else g
     if weight_decay and decoupled_weight_decay:
@@ -153,8 +254,18 @@ def adam_update(theta, g, m, v, k: int, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=
     return theta, m, v, vmax
 
 
-def adam(grad, theta0, n_steps: int, **hyper) -> np.ndarray:
-    """Adam (or AdamW with decoupled_weight_decay=True) from theta0; returns [n_steps+1, d]."""
+def adam(grad: "Grad", theta0: np.typing.ArrayLike, n_steps: int, **hyper: float) -> np.ndarray:
+    """Adam (or AdamW with decoupled_weight_decay=True) from theta0.
+
+    Args:
+        grad: the gradient, a function of theta [d] returning [d].
+        theta0: the start, a number or [d].
+        n_steps: the number of steps.
+        **hyper: ``adam_update``'s keyword arguments (lr, beta1, beta2, eps, ...).
+
+    Returns:
+        Every iterate, float64 [n_steps+1, d].
+    """
     theta = np.atleast_1d(np.asarray(theta0, dtype=np.float64))
     m, v, vmax = np.zeros_like(theta), np.zeros_like(theta), np.zeros_like(theta)
     history = [theta]
@@ -167,12 +278,33 @@ def adam(grad, theta0, n_steps: int, **hyper) -> np.ndarray:
 
 # --8<-- [start:schedules]
 def step_decay(k: int, lr0: float, gamma: float, every: int) -> float:
-    """lr_k = lr0 gamma^floor(k / every)."""
+    """lr_k = lr0 gamma^floor(k / every).
+
+    Args:
+        k: the step, from 0.
+        lr0: the first rate.
+        gamma: the factor applied every ``every`` steps.
+        every: steps between decays, >= 1.
+
+    Returns:
+        The rate at step k.
+    """
     return lr0 * gamma ** (k // every)
 
 
 def warmup_cosine(k: int, lr0: float, warmup: int, total: int, lr_min: float = 0.0) -> float:
-    """Linear warmup to lr0 over ``warmup`` steps, then cosine annealing to lr_min at ``total``."""
+    """Linear warmup to lr0 over ``warmup`` steps, then cosine annealing to lr_min at ``total``.
+
+    Args:
+        k: the step, from 0.
+        lr0: the peak rate, reached at step ``warmup - 1``.
+        warmup: warmup steps, >= 1.
+        total: the step where the rate reaches ``lr_min``.
+        lr_min: the final rate.
+
+    Returns:
+        The rate at step k.
+    """
     if k < warmup:
         return lr0 * (k + 1) / warmup
     t = min(1.0, (k - warmup) / max(1, total - warmup))  # fraction of the decay done
