@@ -1,8 +1,11 @@
-"""Newton's method: the reference solvers' math, and the Triton sqrt/rsqrt against float64."""
+"""Newton's method: the reference solvers' math; the Triton sqrt/rsqrt against float64, as
+custom operators (opcheck, fake tensors, torch.compile, gradients) and on bad input."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ from kernelnotes.newton import (
     rsqrt,
     sqrt,
 )
+from kernelnotes.newton.kernel import BLOCK
 from tests._machine import DEVICE, ON_GPU, size
 
 f = lambda x: x * x - 2.0  # noqa: E731
@@ -298,7 +302,7 @@ def test_special_values_match_torch():
 def test_every_element_written_for_sizes_that_do_not_divide_the_block(n, block):
     x = torch.rand(n, device=DEVICE) * 100
     out = poison_(torch.empty_like(x))
-    sqrt(x, out=out, block=block)
+    torch.ops.kernelnotes.sqrt_out(x, out, block)  # the operator takes the tile size
     assert not out.isnan().any()
     assert (
         ulp_distance_f32(out.cpu().numpy(), _reference(x.cpu().numpy(), inverse=False)).max() <= 1
@@ -308,13 +312,13 @@ def test_every_element_written_for_sizes_that_do_not_divide_the_block(n, block):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("op", [sqrt, rsqrt], ids=["sqrt", "rsqrt"])
 def test_out_is_fully_written_with_the_no_out_result(op, dtype):
-    block, n = 128, size(1000, 100_003)  # 1000 = 7 * 128 + 104: the last program is masked
-    assert n % block
+    n = size(1000, 100_003)  # not a multiple of BLOCK: the last program is masked
+    assert n % BLOCK
     x = (torch.rand(n, device=DEVICE) * 100).to(dtype)
     out = poison_(torch.empty_like(x))
-    assert op(x, out=out, block=block) is out
+    assert op(x, out=out) is out
     assert not out.isnan().any()
-    assert torch.equal(out, op(x, block=block))
+    assert torch.equal(out, op(x))
 
 
 def test_any_shape_and_empty():
@@ -326,66 +330,332 @@ def test_any_shape_and_empty():
     assert sqrt(empty).shape == (0, 4)
 
 
-@pytest.mark.parametrize(
-    "call, err, match",
-    [
-        (lambda: sqrt([1.0, 2.0]), TypeError, "x must be a torch.Tensor, got list"),
-        (
-            lambda: sqrt(torch.ones(4, dtype=torch.float64, device=DEVICE)),
-            TypeError,
-            r"x must have dtype in \(float32, float16, bfloat16\), got float64",
-        ),
-        (lambda: rsqrt(torch.ones(4, dtype=torch.int32, device=DEVICE)), TypeError, "got int32"),
-        (lambda: sqrt(torch.ones(4, 4, device=DEVICE).t()), ValueError, "x must be contiguous"),
-        (lambda: sqrt(torch.ones(4, device="meta")), ValueError, "x is on meta"),
-        (
-            lambda: sqrt(torch.ones(4, device=DEVICE), out=torch.empty(5, device=DEVICE)),
-            ValueError,
-            r"out has shape \(5,\), x has \(4,\)",
-        ),
-        (
-            lambda: sqrt(
-                torch.ones(4, device=DEVICE), out=torch.empty(4, dtype=torch.float16, device=DEVICE)
-            ),
-            TypeError,
-            "out must have dtype in",
-        ),
-        (
-            lambda: sqrt(
-                torch.ones(4, device=DEVICE), out=torch.empty(4, device="cpu" if ON_GPU else "meta")
-            ),
-            ValueError,
-            r"out is on (cpu|meta), expected (cuda|cpu)",
-        ),
-        (
-            lambda: rsqrt(torch.ones(4, device=DEVICE), out=torch.empty(4, 2, device=DEVICE)[:, 0]),
-            ValueError,
-            r"out must be contiguous \(strides \(2,\)",
-        ),
-        (
-            lambda: sqrt(torch.ones(4, device=DEVICE), block=100),
-            ValueError,
-            "block must be a power of two",
-        ),
-    ],
-    ids=[
-        "not-a-tensor",
-        "float64",
-        "int32",
-        "non-contiguous",
-        "wrong-device",
-        "out-shape",
-        "out-dtype",
-        "out-device",
-        "out-non-contiguous",
-        "block",
-    ],
-)
-def test_bad_input_is_refused_clearly(call, err, match):
-    with pytest.raises(err, match=match):
-        call()
-
-
 def test_the_kernel_runs_where_the_suite_says():
     x = torch.ones(8, device=DEVICE)
     assert sqrt(x).device.type == ("cuda" if ON_GPU else "cpu")
+
+
+def test_signatures_mirror_torch():
+    # torch.sqrt(input, *, out=None): the same names, the same kinds, annotated
+    for fn in (sqrt, rsqrt):
+        params = inspect.signature(fn).parameters
+        assert list(params) == ["input", "out"]
+        assert params["input"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        assert params["out"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params["out"].default is None
+        hints = typing.get_type_hints(fn)
+        assert hints["input"] is torch.Tensor and hints["return"] is torch.Tensor
+        assert {"Args:", "Returns:", "Raises:"} <= set(fn.__doc__.split())
+    x = torch.tensor([4.0, 9.0], device=DEVICE)
+    assert torch.equal(sqrt(input=x), torch.tensor([2.0, 3.0], device=DEVICE))
+
+
+# ---------------------------------------------------------------- custom operators
+
+OPS = {"sqrt": (sqrt, torch.sqrt), "rsqrt": (rsqrt, torch.rsqrt)}
+
+
+def _positive(*shape: int, dtype: torch.dtype = torch.float32, lo: float = -3.0, hi: float = 3.0,
+              device: str = DEVICE, seed: int = 0) -> torch.Tensor:
+    """10^u with u uniform in [lo, hi]: positive values over six decades."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(shape, generator=g, dtype=torch.float64) * (hi - lo) + lo
+    return (10.0**u).to(dtype).to(device)
+
+
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt"])
+def test_opcheck(name):
+    op = getattr(torch.ops.kernelnotes, name).default
+    op_out = getattr(torch.ops.kernelnotes, f"{name}_out").default
+    x = _positive(3, 5)
+    torch.library.opcheck(op, (x,))
+    torch.library.opcheck(op, (x.clone().requires_grad_(),))  # the autograd registration
+    torch.library.opcheck(op, (x.to(torch.bfloat16), 128))
+    torch.library.opcheck(op_out, (x, torch.empty_like(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt"])
+def test_the_direct_launch_gives_the_operators_result(name, dtype):
+    # plain tensors without autograd skip the dispatcher (less host time); traced or
+    # differentiated calls go through the operator: both run the same launcher
+    ours = OPS[name][0]
+    x = _x(4, 6, dtype=dtype)
+    same = {"rtol": 0, "atol": 0, "equal_nan": True}
+    torch.testing.assert_close(ours(x), getattr(torch.ops.kernelnotes, name)(x), **same)
+    out, out_op = torch.empty_like(x), torch.empty_like(x)
+    ours(x, out=out)
+    getattr(torch.ops.kernelnotes, f"{name}_out")(x, out_op)
+    torch.testing.assert_close(out, out_op, **same)
+
+
+def test_traced_calls_record_the_operator():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(lambda t: rsqrt(sqrt(t)))(_positive(5)).code
+    assert "torch.ops.kernelnotes.sqrt.default" in graph
+    assert "torch.ops.kernelnotes.rsqrt.default" in graph
+
+
+def test_ops_run_under_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode():
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            x = torch.empty(3, 4, dtype=dtype, device=DEVICE)
+            for op in (sqrt, rsqrt):
+                y = op(x)
+                assert isinstance(y, FakeTensor)
+                assert (y.shape, y.dtype, y.device) == (x.shape, dtype, x.device)
+        out = torch.empty(4, 3, device=DEVICE)
+        assert rsqrt(torch.empty(4, 3, device=DEVICE), out=out) is out
+        assert sqrt(torch.empty(4, 3, dtype=torch.int64, device=DEVICE)).dtype == torch.float32
+        with pytest.raises(TypeError, match="input"):
+            sqrt(torch.empty(3, dtype=torch.float64, device=DEVICE))
+
+
+def _compiled_matches_eager(backend: str | None) -> None:
+    def f(x):
+        return rsqrt(x) * sqrt(x + 1.0)
+
+    def f_out(x, out):
+        sqrt(x, out=out)
+        return out * 2.0
+
+    kw = {"fullgraph": True} | ({"backend": backend} if backend else {})
+    x = _positive(size(37, 1 << 20))
+    xg = x.clone().requires_grad_()
+    got = torch.compile(f, **kw)(xg)
+    got.sum().backward()
+    want_x = x.clone().requires_grad_()
+    want = f(want_x)
+    want.sum().backward()
+    out_got, out_want = torch.empty_like(x), torch.empty_like(x)
+    got_out = torch.compile(f_out, **kw)(x, out_got)
+    # aot_eager runs the traced graph with eager kernels: equal; inductor may fuse the torch ops
+    # around ours (an fma for x + 1 times ...): within a few fp32 roundings
+    tol = {"rtol": 0, "atol": 0} if backend == "aot_eager" else {"rtol": 1e-6, "atol": 0}
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(xg.grad, want_x.grad, **tol)
+    torch.testing.assert_close(got_out, f_out(x, out_want), **tol)
+    torch.testing.assert_close(out_got, out_want, **tol)
+
+
+def test_torch_compile_fullgraph_aot_eager_gives_eager_results():
+    torch._dynamo.reset()
+    _compiled_matches_eager("aot_eager")
+
+
+@pytest.mark.gpu
+def test_torch_compile_fullgraph_inductor_gives_eager_results():
+    torch._dynamo.reset()
+    _compiled_matches_eager(None)
+
+
+def test_requires_grad_is_kept_not_detached():
+    x = _positive(5).requires_grad_()
+    for op in (sqrt, rsqrt):
+        y = op(x)
+        assert y.requires_grad and y.grad_fn is not None
+        (g,) = torch.autograd.grad(y.sum(), x)
+        assert torch.isfinite(g).all() and (g != 0).all()
+    with torch.no_grad():
+        assert not sqrt(x).requires_grad
+
+
+# Relative tolerance of the gradient against float64 autograd, per dtype. The forward result y is
+# within one ulp (relative 2^-23 in fp32, 2^-10 fp16, 2^-7 bf16); rsqrt's -grad * y^3 / 2 triples
+# that and adds about three roundings of half an ulp each: 4.5 ulp at worst (sqrt's grad / (2 y):
+# 1.5 ulp). So 4.5 * 2^-23 = 5.4e-7 < 1e-6 for fp32, 4.4e-3 < 5e-3 for fp16, 3.5e-2 < 4e-2 for bf16.
+GRAD_RTOL = {torch.float32: 1e-6, torch.float16: 5e-3, torch.bfloat16: 4e-2}
+
+
+def _assert_grad_close(name: str, x: torch.Tensor, g: torch.Tensor) -> None:
+    ours, theirs = OPS[name]
+    xg = x.clone().requires_grad_()
+    (got,) = torch.autograd.grad(ours(xg), xg, g)
+    x64 = x.double().requires_grad_()
+    (want,) = torch.autograd.grad(theirs(x64), x64, g.double())
+    err = ((got.double() - want).abs() / want.abs()).max().item()
+    assert got.dtype == x.dtype and err <= GRAD_RTOL[x.dtype], (name, x.dtype, err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt"])
+def test_gradient_matches_float64_autograd(name, dtype):
+    # x in [1e-3, 1e3]: the gradients (up to 1.6e4 for rsqrt) stay normal in every dtype
+    x = _positive(size(301, 1 << 24), dtype=dtype)
+    g = (torch.rand(x.shape, generator=torch.Generator().manual_seed(1)) + 0.5).to(dtype)
+    _assert_grad_close(name, x, g.to(DEVICE))
+
+
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt"])
+def test_gradient_at_special_values_is_torchs(name):
+    # +-0, inf, negatives, NaN: the same formulas on the same outputs give the same inf/NaN/0
+    ours, theirs = OPS[name]
+    x = torch.tensor([0.0, -0.0, math.inf, -1.0, math.nan, 4.0], device=DEVICE)
+    got_x, want_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (got,) = torch.autograd.grad(ours(got_x).sum(), got_x)
+    (want,) = torch.autograd.grad(theirs(want_x).sum(), want_x)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+
+
+@pytest.mark.parametrize("op", [sqrt, rsqrt], ids=["sqrt", "rsqrt"])
+def test_gradcheck_through_the_fp32_kernel(op):
+    # gradcheck wants float64; the kernel is fp32, so the check runs op(x.float()).double().
+    # eps = 1e-3 on x in [1, 2]: the central difference's truncation error is ~1e-7, the fp32
+    # rounding of x + eps and of the result adds ~2^-24 / 1e-3 = 6e-5: hence atol 2e-4.
+    x = torch.linspace(1.0, 2.0, 7, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: op(t.float()).double(), (x,), eps=1e-3,
+                                    atol=2e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt"])
+def test_second_derivative_matches_float64_autograd(name):
+    # the backward is made of torch ops on the saved output, so it is differentiable again
+    ours, theirs = OPS[name]
+    x = _positive(size(41, 1 << 20), lo=-1.0, hi=1.0)
+    xg, x64 = x.clone().requires_grad_(), x.double().requires_grad_()
+    (d1,) = torch.autograd.grad(ours(xg).sum(), xg, create_graph=True)
+    (d2,) = torch.autograd.grad(d1.sum(), xg)
+    (w1,) = torch.autograd.grad(theirs(x64).sum(), x64, create_graph=True)
+    (w2,) = torch.autograd.grad(w1.sum(), x64)
+    # y within 1 ulp; y^3 (y^5 for rsqrt's second derivative) and a few roundings: < 1e-5
+    assert ((d2.double() - w2).abs() / w2.abs()).max() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt"])
+def test_out_with_autograd_is_refused_as_torch_refuses_it(name):
+    ours, theirs = OPS[name]
+    x = _positive(4).requires_grad_()
+    with pytest.raises(RuntimeError, match=r"out=\.\.\. arguments don't support automatic"):
+        theirs(x, out=torch.empty(4, device=DEVICE))
+    with pytest.raises(RuntimeError, match=r"out=\.\.\. arguments don't support automatic"):
+        ours(x, out=torch.empty(4, device=DEVICE))
+    with torch.no_grad():  # without grad mode, out= is fine
+        out = torch.empty(4, device=DEVICE)
+        assert ours(x, out=out) is out
+
+
+def test_the_operators_refuse_bad_arguments_clearly():
+    x = torch.ones(4, device=DEVICE)
+    with pytest.raises(ValueError, match="block must be a power of two >= 128, got 100"):
+        torch.ops.kernelnotes.sqrt(x, 100)
+    with pytest.raises(TypeError, match=r"x must have dtype in .*got float64"):
+        torch.ops.kernelnotes.rsqrt(x.double())
+    with pytest.raises(TypeError, match=r"x must have dtype in .*got int32"):
+        torch.ops.kernelnotes.sqrt_out(x.int(), torch.empty(4, device=DEVICE))
+
+
+def test_out_partially_overlapping_the_input_gets_the_right_values():
+    # out = buf[1:], input = buf[:-1]: each lane would read what another has written; the
+    # launcher computes into a fresh tensor first
+    buf = _positive(9)
+    want = torch.sqrt(buf[:-1])
+    got = sqrt(buf[:-1], out=buf[1:])
+    assert ulp_distance_f32(got.cpu().numpy(), want.cpu().numpy()).max() <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt"])
+def test_gradient_at_full_size_over_forty_decades_on_gpu(name):
+    # 2^26 fp32 values in [1e-20, 1e20]: every gradient is a normal fp32 number
+    x = _positive(1 << 26, lo=-20.0, hi=20.0)
+    g = torch.rand(x.shape, device=DEVICE) + 0.5
+    _assert_grad_close(name, x, g)
+
+
+# ---------------------------------------------------------------- bad input, tabled
+
+OTHER_DEVICE = "cpu" if ON_GPU else "meta"  # a device the kernel does not run on
+
+
+def _ordinal(t: torch.Tensor) -> torch.Tensor:
+    """Float bits as integers ordered like the floats (-0 and +0 both 0): a difference is in ulps."""
+    ints = {2: torch.int16, 4: torch.int32}[t.element_size()]
+    i = t.contiguous().view(ints).long()
+    sign_mask = (1 << (8 * t.element_size() - 1)) - 1
+    return torch.where(i < 0, -(i & sign_mask), i)
+
+
+def _assert_as_torch(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Same shape, dtype, device, requires_grad and NaNs as torch's result, each other value
+    within one ulp of it (both are within half and one ulp of the exact result), zeros signed
+    alike."""
+    assert (got.shape, got.dtype, got.device) == (want.shape, want.dtype, want.device)
+    assert got.requires_grad == want.requires_grad
+    got, want = got.detach().cpu(), want.detach().cpu()
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~want.isnan()
+    if got.dtype.is_floating_point and got.dtype != torch.float64:
+        ulps = (_ordinal(got[ok]) - _ordinal(want[ok])).abs()
+        assert ulps.numel() == 0 or int(ulps.max()) <= 1
+    else:
+        assert torch.allclose(got[ok], want[ok], rtol=2**-23, atol=0)
+    zeros = want[ok] == 0
+    assert torch.equal(got[ok][zeros].signbit(), want[ok][zeros].signbit())
+
+
+VALUES = [4.0, 2.0, 0.0, -0.0, 1e-45, -1.0, math.inf, -math.inf, math.nan, 3e38, 0.25, 7.0]
+
+
+def _x(*shape: int, dtype: torch.dtype = torch.float32, device: str = DEVICE) -> torch.Tensor:
+    """Deterministic values with every special case, cycled to fill ``shape``."""
+    n = math.prod(shape)
+    v = torch.tensor((VALUES * (n // len(VALUES) + 1))[:n], dtype=torch.float32)
+    return v.reshape(shape).to(dtype).to(device)
+
+
+TORCH = "as torch"  # the row is handled as torch handles it: same result, or same exception type
+# (kind, call(op) -> result, expected): each call builds fresh tensors, so that torch's run and
+# ours do not share an out= tensor
+BAD_INPUTS = [
+    ("not a tensor (list)", lambda op: op([1.0, 2.0]), (TypeError, "input")),
+    ("not a tensor (float)", lambda op: op(2.0), (TypeError, "input")),
+    ("float64", lambda op: op(_x(6, dtype=torch.float64)), (TypeError, "input")),
+    ("complex64", lambda op: op(_x(6).to(torch.complex64)), (TypeError, "input")),
+    ("int32 (promoted)", lambda op: op(torch.arange(-3, 9, dtype=torch.int32, device=DEVICE)), TORCH),
+    ("bool (promoted)", lambda op: op(torch.tensor([True, False], device=DEVICE)), TORCH),
+    ("rank 0", lambda op: op(torch.tensor(2.0, device=DEVICE)), TORCH),
+    ("rank 5", lambda op: op(_x(2, 1, 3, 1, 2)), TORCH),
+    ("empty", lambda op: op(_x(0, 3)), TORCH),
+    ("non-contiguous", lambda op: op(_x(4, 6).t()), TORCH),
+    ("NaN, inf, -0, negatives, subnormals", lambda op: op(_x(len(VALUES))), TORCH),
+    ("half types' specials", lambda op: op(_x(12, dtype=torch.bfloat16)), TORCH),
+    ("wrong device", lambda op: op(_x(6, device=OTHER_DEVICE)), (ValueError, "input")),
+    ("requires_grad", lambda op: op(_x(6).abs().requires_grad_()), TORCH),
+    ("out: not a tensor", lambda op: op(_x(6), out=[0.0] * 6), (TypeError, "out")),
+    ("out: positional", lambda op: op(_x(6), _x(6)), TORCH),
+    ("out: mismatched shape", lambda op: op(_x(6), out=_x(5)), (ValueError, "out")),
+    ("out: empty (resized)", lambda op: op(_x(2, 3), out=_x(0)), TORCH),
+    ("out: mixed dtype (float16)", lambda op: op(_x(6), out=_x(6, dtype=torch.float16)), TORCH),
+    ("out: mixed dtype (float64)", lambda op: op(_x(6), out=_x(6, dtype=torch.float64)), TORCH),
+    ("out: int32", lambda op: op(_x(6), out=torch.empty(6, dtype=torch.int32, device=DEVICE)),
+     (TypeError, "out")),
+    ("out: wrong device", lambda op: op(_x(6), out=_x(6, device=OTHER_DEVICE)), (ValueError, "out")),
+    ("out: non-contiguous", lambda op: op(_x(3, 4), out=_x(4, 3).t()), TORCH),
+    ("out: is the input", lambda op: (lambda x: op(x, out=x))(_x(3, 4)), TORCH),
+    ("out: input requires grad",
+     lambda op: op(_x(6).abs().requires_grad_(), out=_x(6)), TORCH),
+]
+
+
+@SIGNALLING_NAN_INPUTS
+@pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt"])
+@pytest.mark.parametrize("kind, call, expected", BAD_INPUTS, ids=[r[0] for r in BAD_INPUTS])
+def test_bad_input_table(name, kind, call, expected):
+    ours, theirs = {"sqrt": (sqrt, torch.sqrt), "rsqrt": (rsqrt, torch.rsqrt)}[name]
+    if expected != TORCH:
+        err, argname = expected
+        with pytest.raises(err, match=rf"\b{argname}\b"):
+            call(ours)
+        return
+    try:
+        want = call(theirs)
+    except Exception as e:  # torch refuses it: so must we, with the same exception type
+        with pytest.raises(type(e)):
+            call(ours)
+        return
+    _assert_as_torch(call(ours), want)
