@@ -1135,3 +1135,20 @@ def test_an_optimizer_survives_deepcopy_and_an_old_state_dict(cls):
     assert opt.param_groups[0]["maximize"] is False and opt.param_groups[0]["fused"] is None
     opt.step()
     assert torch.equal(w, twin.param_groups[0]["params"][0])
+
+
+def test_adam_loads_a_step_saved_as_a_number():
+    """Old state dicts keep ``step`` as a float: it becomes a float32 tensor on loading, as in
+    torch.optim.Adam, and counting goes on from it."""
+    w, q = (torch.nn.Parameter(torch.zeros(5, device=DEVICE)) for _ in range(2))
+    ref = torch.optim.Adam([q], lr=0.1)
+    q.grad = torch.ones_like(q)
+    ref.step()
+    sd = ref.state_dict()
+    sd["state"][0]["step"] = 1.0
+    opt = Adam([w], lr=0.1, config=CFG)
+    opt.load_state_dict(sd)
+    assert torch.is_tensor(opt.state[w]["step"]) and opt.state[w]["step"].dtype == torch.float32
+    w.grad = torch.ones_like(w)
+    opt.step()
+    assert float(opt.state[w]["step"]) == 2.0

@@ -403,6 +403,12 @@ class Adam(_Fused):
         self._counters: dict = {}  # id(param group) -> float32 [len(params)] step counters
         super().__init__(params, defaults)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for st in self.state.values():  # a step saved as a number becomes a tensor, as torch's
+            if "step" in st and not torch.is_tensor(st["step"]):
+                st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32)
+
     def _check_group(self, group: dict) -> None:
         _check_range("lr", group["lr"], "learning rate")
         _check_range("eps", group["eps"], "epsilon value")
@@ -429,7 +435,8 @@ class Adam(_Fused):
             counter = counters[id(group)] = torch.zeros(n, dtype=torch.float32)
         for i, state in zip(index, states, strict=True):
             s = state.get("step")
-            if s is None or s._base is not counter or s.storage_offset() != i:
+            if (not isinstance(s, torch.Tensor) or s._base is not counter
+                    or s.storage_offset() != i):  # new, loaded, or a float from an old dict
                 counter[i] = 0.0 if s is None else _float(s)
                 state["step"] = counter[i]
         return counter
