@@ -1,7 +1,8 @@
 """Newton's method, Halley's method and bisection, written the way the post writes them.
 
-Every solver returns the whole iterate history (``x_0, x_1, ...``), so the post can print tables,
-measure convergence orders and plot errors from the same code that finds the root.
+Every solver returns the whole iterate history (``x_0, x_1, ...``), so the post can
+print tables, measure convergence orders and plot errors from the same code that finds
+the root.
 NumPy only: this module imports without torch.
 """
 
@@ -26,8 +27,8 @@ class RootFindingError(ArithmeticError):
 
 
 class ZeroDerivativeError(RootFindingError):
-    """The tangent is horizontal (or, for Halley's method, nearly so): the update would divide by
-    zero, or stall at a point that is not a root."""
+    """The tangent is horizontal (or, for Halley's method, nearly so): the update would
+    divide by zero, or stall at a point that is not a root."""
 
 
 class NonFiniteError(RootFindingError):
@@ -44,12 +45,15 @@ class NoConvergenceError(RootFindingError):
 # --8<-- [start:iterate]
 def _check_budget(tol: float, max_iter: int) -> None:
     if not (tol > 0 and max_iter >= 1):
-        raise ValueError(f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
+        raise ValueError(
+            f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}"
+        )
 
 
 def _finite(value: float, what: str, history: list[float]) -> float:
     if not np.all(np.isfinite(value)):  # np.all: newton_system passes vectors too
-        raise NonFiniteError(f"{what} is {value} after {len(history) - 1} steps", history)
+        steps = len(history) - 1
+        raise NonFiniteError(f"{what} is {value} after {steps} steps", history)
     return value
 
 
@@ -60,7 +64,8 @@ def iterate(
     max_iter: int,
     name: str,
 ) -> np.ndarray:
-    """Run ``x_{n+1} = step(x_n)`` until ``|x_{n+1} - x_n| <= tol * max(1, |x_{n+1}|)``."""
+    """Run ``x_{n+1} = step(x_n)`` until ``|x_{n+1} - x_n| <= tol max(1, |x_{n+1}|)``.
+    """
     _check_budget(tol, max_iter)
     history = [_finite(float(x0), "x0", [float(x0)])]
     for _ in range(max_iter):
@@ -80,7 +85,7 @@ def iterate(
 def newton(
     f: Fn, df: Fn, x0: float, tol: float = 1e-15, max_iter: int = 50
 ) -> np.ndarray:
-    """Iterates of Newton's method x_{n+1} = x_n - f(x_n) / f'(x_n), until the step is tiny."""
+    """Iterates of Newton's method x_{n+1} = x_n - f(x_n) / f'(x_n), to a tiny step."""
 
     def step(x: float, history: list[float]) -> float:
         fx, dfx = f(x), df(x)
@@ -109,10 +114,12 @@ def halley(
             raise ZeroDerivativeError(f"2 f'^2 - f f'' = 0 at x = {x}", history)
         dx = 2 * fx * dfx / denom
         x_next = x - dx
-        # dx is Newton's step f/f' times 1 / (1 - f f'' / (2 f'^2)): the two agree near a root,
-        # but where f' -> 0 and f does not, dx -> 0 too. So a tiny step counts as convergence
-        # only if Newton's step is at most twice as long (a residual test: |f| <= 2 |f' dx|)
-        if abs(x_next - x) <= tol * max(1.0, abs(x_next)) and abs(fx) > 2 * abs(dfx * dx):
+        # dx is Newton's step f/f' times 1 / (1 - f f'' / (2 f'^2)): the two agree near
+        # a root, but where f' -> 0 and f does not, dx -> 0 too. So a tiny step counts
+        # as convergence only if Newton's step is at most twice as long (a residual
+        # test: |f| <= 2 |f' dx|)
+        tiny = abs(x_next - x) <= tol * max(1.0, abs(x_next))
+        if tiny and abs(fx) > 2 * abs(dfx * dx):
             raise ZeroDerivativeError(
                 f"Halley's step is tiny at x = {x} only because f'(x) = {dfx} is: "
                 f"f(x) = {fx}, not a root",
@@ -130,7 +137,8 @@ def halley(
 def bisection(
     f: Fn, a: float, b: float, tol: float = 1e-15, max_iter: int = 200
 ) -> np.ndarray:
-    """Midpoints of bisection on [a, b], where f(a) and f(b) differ in sign: one bit per step."""
+    """Midpoints of bisection on [a, b], where f(a) and f(b) differ in sign: one bit a
+    step."""
     fa, fb = f(a), f(b)
     if not (np.isfinite(fa) and np.isfinite(fb)):
         raise NonFiniteError(f"f(a) = {fa}, f(b) = {fb} must be finite", [])
@@ -159,7 +167,8 @@ def bisection(
 
 # --8<-- [start:order]
 def convergence_order(errors: np.ndarray) -> np.ndarray:
-    """Empirical order q_n = log(e_{n+1} / e_n) / log(e_n / e_{n-1}) from consecutive errors."""
+    """Empirical order q_n = log(e_{n+1} / e_n) / log(e_n / e_{n-1}) of successive
+    errors."""
     e = np.asarray(errors, dtype=np.float64)
     if e.ndim != 1 or len(e) < 3 or not np.all(e > 0):
         raise ValueError(f"errors must be >= 3 positive numbers, got {e!r}")
@@ -177,9 +186,10 @@ def newton_system(
     tol: float = 1e-15,
     max_iter: int = 50,
 ) -> np.ndarray:
-    """Multivariate Newton: solve J(x_n) dx = -F(x_n), x_{n+1} = x_n + dx. Returns [steps+1, d].
+    """Multivariate Newton: solve J(x_n) dx = -F(x_n), x_{n+1} = x_n + dx.
 
-    Stops and fails as ``newton`` does, with the iterates so far (shape [steps+1, d]) attached."""
+    Returns the iterates, shape [steps+1, d]. Stops and fails as ``newton`` does, with
+    the iterates so far attached."""
     _check_budget(tol, max_iter)
     x0 = np.asarray(x0, dtype=np.float64)
     if x0.ndim != 1:
@@ -195,10 +205,11 @@ def newton_system(
         _finite(Fx, "F(x)", history)
         _finite(Jx, "J(x)", history)
         try:
-            dx = np.linalg.solve(Jx, -Fx)  # a linear solve replaces the division by f'(x)
+            dx = np.linalg.solve(Jx, -Fx)  # a linear solve replaces dividing by f'(x)
         except np.linalg.LinAlgError:  # the analogue of f'(x) = 0
             raise ZeroDerivativeError(
-                f"J(x) is singular at x = {x.tolist()}: J dx = -F(x) has no unique solution",
+                f"J(x) is singular at x = {x.tolist()}: "
+                "J dx = -F(x) has no unique solution",
                 history,
             ) from None
         history.append(_finite(x + dx, "the next iterate", history))
@@ -213,12 +224,12 @@ def newton_system(
 
 
 # --8<-- [start:sqrt_by_newton]
-MAGIC = 0x5F3759DF  # i -> MAGIC - (i >> 1) halves the exponent and negates it: y_0 ~ 1/sqrt(x)
+MAGIC = 0x5F3759DF  # i -> MAGIC - (i >> 1) halves and negates the exponent: ~1/sqrt(x)
 
 
 def rsqrt_estimate(x: np.ndarray, steps: int) -> np.ndarray:
-    """The kernel's 1/sqrt(x) for normal x > 0: bit-trick y_0, then Newton steps (in float64,
-    so what shows is the method's error, not float32 rounding)."""
+    """The kernel's 1/sqrt(x) for normal x > 0: bit-trick y_0, then Newton steps (in
+    float64, so what shows is the method's error, not float32 rounding)."""
     i = np.asarray(x, dtype=np.float32).view(np.int32)
     y = (MAGIC - (i >> 1)).astype(np.int32).view(np.float32).astype(np.float64)  # y_0
     x = np.asarray(x, dtype=np.float64)
@@ -228,7 +239,8 @@ def rsqrt_estimate(x: np.ndarray, steps: int) -> np.ndarray:
 
 
 def sqrt_by_newton(x: np.ndarray, steps: int = 2) -> np.ndarray:
-    """sqrt(x) = x * (1/sqrt(x)), finished by one Newton step on s^2 - x: s += (y/2)(x - s^2)."""
+    """sqrt(x) = x * (1/sqrt(x)), finished by one Newton step on s^2 - x:
+    s += (y/2)(x - s^2)."""
     x = np.asarray(x, dtype=np.float64)
     y = rsqrt_estimate(x, steps)
     s = x * y
