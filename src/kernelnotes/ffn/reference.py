@@ -8,8 +8,12 @@ activation. Imports without torch.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # --8<-- [start:activations]
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])  # NumPy has no erfc; clarity over speed
@@ -17,18 +21,18 @@ ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 GELU_C = math.sqrt(2.0 / math.pi)  # the tanh form: u = sqrt(2/pi) (z + 0.044715 z^3)
 
 
-def sigmoid(z):
+def sigmoid(z: np.ndarray) -> np.ndarray:
     return np.exp(-np.logaddexp(0.0, -z))  # = 1 / (1 + e^-z), no overflow, accurate for z << 0
 
 
-def normal_cdf(z):
+def normal_cdf(z: np.ndarray) -> np.ndarray:
     """Phi(z) = erfc(-z / sqrt 2) / 2: erfc keeps its relative accuracy where 1 + erf(z / sqrt 2)
     cancels (z << 0: in float64 it is a multiple of 2^-53, and 0 from about z = -8.4)."""
     return 0.5 * _erfc(-z / math.sqrt(2.0))
 
 
-def activation(z, name):
-    """sigma(z), elementwise."""
+def activation(z: np.ndarray, name: str) -> np.ndarray:
+    """sigma(z), elementwise, for name in ACTIVATIONS (a ValueError naming it otherwise)."""
     if name == "none":
         return z
     if name == "relu":
@@ -46,7 +50,7 @@ def activation(z, name):
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
 
 
-def activation_grad(z, name):
+def activation_grad(z: np.ndarray, name: str) -> np.ndarray:
     """sigma'(z), elementwise (relu'(0) = 0, as PyTorch)."""
     if name == "none":
         return np.ones_like(z)
@@ -73,7 +77,8 @@ def activation_grad(z, name):
 
 
 # --8<-- [start:erfc_fit]
-def erfc_fit(p=0.375, degree=6, s_max=10.0):
+def erfc_fit(p: float = 0.375, degree: int = 6, s_max: float = 10.0
+             ) -> tuple[np.ndarray, float]:
     """Coefficients c of erfc(s) ~ t P(t) e^(-s^2), t = 1 / (1 + p s), P(t) = sum_k c_k t^k, for
     s in [0, s_max], fitted for the smallest largest *relative* error (Lawson's reweighted least
     squares). Returns (c, that error). The GELU epilogue of the Triton kernels evaluates this."""
@@ -91,7 +96,8 @@ def erfc_fit(p=0.375, degree=6, s_max=10.0):
 
 
 # --8<-- [start:forward]
-def ffn_forward(X, layers, act="relu"):
+def ffn_forward(X: np.ndarray, layers: list, act: str = "relu"
+                ) -> tuple[np.ndarray, list]:
     """L-layer FFN. layers = [(W_1, b_1), ..., (W_L, b_L)], W_l [d_l, d_{l-1}], b_l [d_l]."""
     A = X  # A_0 = X                                              [B, d_0]
     cache = [(A, None)]
@@ -106,7 +112,8 @@ def ffn_forward(X, layers, act="relu"):
 
 
 # --8<-- [start:backward]
-def ffn_backward(dY, layers, cache, act="relu"):
+def ffn_backward(dY: np.ndarray, layers: list, cache: list, act: str = "relu"
+                 ) -> tuple[list, np.ndarray]:
     """Gradients of a scalar loss L given dY = dL/dy_hat [B, d_L]: [(dW_l, db_l)], dL/dX."""
     grads = []
     dZ = dY  # the output layer has no activation: dL/dZ_L = dL/dy_hat  [B, d_L]
@@ -126,7 +133,7 @@ def ffn_backward(dY, layers, cache, act="relu"):
 
 
 # --8<-- [start:loss]
-def mse_loss(Y_hat, Y):
+def mse_loss(Y_hat: np.ndarray, Y: np.ndarray) -> tuple[float, np.ndarray]:
     """L = 1/(2B) sum ||y_hat - y||^2 and its gradient dL/dY_hat = (Y_hat - Y) / B."""
     B = Y.shape[0]
     R = Y_hat - Y  # residuals                                        [B, d_L]
@@ -137,7 +144,8 @@ def mse_loss(Y_hat, Y):
 
 
 # --8<-- [start:grad_check]
-def grad_check(loss_fn, params, eps=1e-6):
+def grad_check(loss_fn: "Callable[[], float]", params: list, eps: float = 1e-6
+               ) -> list:
     """Central differences (L(p + eps e_i) - L(p - eps e_i)) / (2 eps), for every entry of every
     float64 array in params (changed in place and restored); error O(eps^2) + O(u / eps)."""
     numeric = []
@@ -163,7 +171,7 @@ XOR_X = np.array([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])  # [4, 2]
 XOR_Y = np.array([[0.0], [1.0], [1.0], [0.0]])  # [4, 1]
 
 
-def xor_layers():
+def xor_layers() -> list:
     """A hand-made ReLU network for XOR: h_1 = relu(x_1 + x_2), h_2 = relu(x_1 + x_2 - 1),
     y = h_1 - 2 h_2."""
     W1 = np.array([[1.0, 1.0], [1.0, 1.0]])  # [2, 2]
@@ -177,7 +185,8 @@ def xor_layers():
 
 
 # --8<-- [start:train]
-def train(X, Y, widths, act="tanh", lr=0.5, steps=2000, seed=0):
+def train(X: np.ndarray, Y: np.ndarray, widths: list, act: str = "tanh", lr: float = 0.5,
+          steps: int = 2000, seed: int = 0) -> tuple[list, np.ndarray]:
     """Full-batch gradient descent on the MSE loss: W <- W - lr dL/dW (the GD post's update)."""
     rng = np.random.default_rng(seed)
     layers = []
@@ -201,7 +210,8 @@ def train(X, Y, widths, act="tanh", lr=0.5, steps=2000, seed=0):
 
 
 # --8<-- [start:hat_fit]
-def relu_fit(f, h, lo=0.0, hi=1.0, n_fit=2048):
+def relu_fit(f: "Callable[[np.ndarray], np.ndarray]", h: int, lo: float = 0.0, hi: float = 1.0,
+             n_fit: int = 2048) -> list:
     """A width-h ReLU network for f on [lo, hi]: hidden unit i is relu(x - k_i) with knots k_i
     spread over [lo, hi), and the output weights solve the least-squares problem on n_fit points.
     Returns the network as layers (W_1 [h, 1], b_1, W_2 [1, h], b_2)."""
@@ -218,7 +228,8 @@ def relu_fit(f, h, lo=0.0, hi=1.0, n_fit=2048):
 
 
 # --8<-- [start:swiglu]
-def swiglu_ffn_forward(X, W_gate, W_up, W_down):
+def swiglu_ffn_forward(X: np.ndarray, W_gate: np.ndarray, W_up: np.ndarray,
+                       W_down: np.ndarray) -> np.ndarray:
     """The gated transformer FFN (SwiGLU): (silu(X W_gate^T) * (X W_up^T)) W_down^T."""
     G = X @ W_gate.T  # [B, h]
     U = X @ W_up.T  # [B, h]
@@ -229,13 +240,13 @@ def swiglu_ffn_forward(X, W_gate, W_up, W_down):
 
 
 # --8<-- [start:counts]
-def param_count(widths, bias=True):
+def param_count(widths: list, bias: bool = True) -> int:
     """sum_l (d_l d_{l-1} + d_l) for widths = [d_0, d_1, ..., d_L]."""
     pairs = zip(widths[:-1], widths[1:], strict=True)
     return sum(d_out * d_in + (d_out if bias else 0) for d_in, d_out in pairs)
 
 
-def matmul_flops(B, widths, input_grad=False):
+def matmul_flops(B: int, widths: list, input_grad: bool = False) -> tuple[int, int]:
     """Multiply-add FLOPs (2 per multiply-add) of the forward and backward matmuls of an FFN:
     forward Z_l = A W^T (2 B d_l d_{l-1}); backward dW_l = dZ^T A and dA_{l-1} = dZ W,
     the last skipped for the first layer unless the input needs a gradient."""
@@ -248,7 +259,7 @@ def matmul_flops(B, widths, input_grad=False):
 
 
 # --8<-- [start:worked]
-def worked_example():
+def worked_example() -> tuple[np.ndarray, np.ndarray, list]:
     """The backprop post's numbers: x [1, 2], a 2-3-1 ReLU network, target y = 1."""
     X = np.array([[1.0, 2.0]])  # [1, 2]
     Y = np.array([[1.0]])  # [1, 1]
