@@ -1,7 +1,8 @@
 """Manifold-constrained hyper-connections (mHC): NumPy reference and Triton kernels.
 
-``kernelnotes.mhc.mhc_pre``, ``mhc_pre_from_mixes``, ``mhc_post`` and ``split_fn`` (Triton)
-import torch and triton on first use only; the NumPy reference lives in
+``kernelnotes.mhc.mhc_pre``, ``mhc_pre_from_mixes``, ``mhc_post`` and ``split_fn`` (Triton
+kernels, registered as ``kernelnotes::`` torch custom ops with backwards) and ``MhcPre`` (what
+the pre ops return) import torch and triton on first use only; the NumPy reference lives in
 ``kernelnotes.mhc.reference``.
 """
 
@@ -9,7 +10,7 @@ from kernelnotes._lazy import lazy_exports
 from kernelnotes.mhc import reference
 from kernelnotes.mhc.reference import amax_gain, gates, mhc_layer, mixes, sinkhorn
 
-_KERNEL_NAMES = ("mhc_pre", "mhc_pre_from_mixes", "mhc_post", "split_fn")
+_KERNEL_NAMES = ("MhcPre", "mhc_pre", "mhc_pre_from_mixes", "mhc_post", "split_fn")
 
 __all__ = ["reference", "amax_gain", "gates", "mhc_layer", "mixes", "sinkhorn", *_KERNEL_NAMES]
 

@@ -20,8 +20,17 @@ PRE, POST, COMB = slice(0, 4), slice(4, 8), slice(8, 24)  # the order every kern
 
 
 # --8<-- [start:sinkhorn]
-def sinkhorn(logits, iters=20, eps=1e-6):
-    """comb = Sinkhorn-Knopp(exp(logits)) as the kernels run it; logits [..., 4(j), 4(k)]."""
+def sinkhorn(logits: np.ndarray, iters: int = 20, eps: float = 1e-6) -> np.ndarray:
+    """comb = Sinkhorn-Knopp(exp(logits)) as the kernels run it.
+
+    Args:
+        logits: [..., 4(j), 4(k)], comb's logits.
+        iters: row + column normalisations (DeepSeek-V4: 20).
+        eps: the floor after the softmax and in every denominator.
+
+    Returns:
+        comb [..., 4, 4]; B = comb^T is (almost) doubly stochastic.
+    """
     c = np.exp(logits - logits.max(-1, keepdims=True))  # max-subtracted: no overflow
     c = c / c.sum(-1, keepdims=True) + eps  # softmax over k, then the floor eps  [..., 4, 4]
     c = c / (c.sum(-2, keepdims=True) + eps)  # column-normalise: sum over j
@@ -33,12 +42,16 @@ def sinkhorn(logits, iters=20, eps=1e-6):
 
 
 # --8<-- [start:gates]
-def sigmoid(v):
+def sigmoid(v: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-v)), elementwise."""
     return 1.0 / (1.0 + np.exp(-v))
 
 
-def gates(mix, scale, base, *, pre_eps=1e-6, post_mult=2.0, sinkhorn_iters=20, sinkhorn_eps=1e-6):
-    """pre, post, comb from the normalised mixes [..., 24], scale [3] (alpha) and base [24] (S)."""
+def gates(mix: np.ndarray, scale: np.ndarray, base: np.ndarray, *, pre_eps: float = 1e-6,
+          post_mult: float = 2.0, sinkhorn_iters: int = 20,
+          sinkhorn_eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """pre [..., 4], post [..., 4], comb [..., 4, 4] from the normalised mixes [..., 24],
+    scale [3] (alpha) and base [24] (S)."""
     pre = sigmoid(mix[..., PRE] * scale[0] + base[PRE]) + pre_eps  # A_l in (eps, 1+eps)  [..., 4]
     post = post_mult * sigmoid(mix[..., POST] * scale[1] + base[POST])  # C_l in (0, 2)  [..., 4]
     logits = (mix[..., COMB] * scale[2] + base[COMB]).reshape(*mix.shape[:-1], 4, 4)  # c[j][k]
@@ -48,7 +61,7 @@ def gates(mix, scale, base, *, pre_eps=1e-6, post_mult=2.0, sinkhorn_iters=20, s
 
 
 # --8<-- [start:mixes]
-def mixes(X, fn, rms_eps=1e-6):
+def mixes(X: np.ndarray, fn: np.ndarray, rms_eps: float = 1e-6) -> np.ndarray:
     """The 24 normalised mixes of one token: RMSNorm(vec(X)) W^fused, with W^fused = fn^T."""
     x = X.reshape(*X.shape[:-2], -1)  # vec(X_l)  [..., 4d]
     rstd = 1.0 / np.sqrt((x * x).mean(-1) + rms_eps)  # 1 / RMS(vec X)  [...]
@@ -57,7 +70,8 @@ def mixes(X, fn, rms_eps=1e-6):
 
 
 # --8<-- [start:mhc_pre]
-def mhc_pre(X, fn, scale, base, *, rms_eps=1e-6, **gate_kw):
+def mhc_pre(X: np.ndarray, fn: np.ndarray, scale: np.ndarray, base: np.ndarray, *,
+            rms_eps: float = 1e-6, **gate_kw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Everything before the sublayer: layer_input = A X, and post, comb for mhc_post."""
     pre, post, comb = gates(mixes(X, fn, rms_eps), scale, base, **gate_kw)
     layer_input = np.einsum("...j,...jh->...h", pre, X)  # A_l X_l  [..., d]
@@ -66,7 +80,9 @@ def mhc_pre(X, fn, scale, base, *, rms_eps=1e-6, **gate_kw):
 
 
 # --8<-- [start:from_mixes]
-def mhc_pre_from_mixes(dot_mix, sqrsum, X, scale, base, *, rms_eps=1e-6, **gate_kw):
+def mhc_pre_from_mixes(dot_mix: np.ndarray, sqrsum: np.ndarray, X: np.ndarray,
+                       scale: np.ndarray, base: np.ndarray, *, rms_eps: float = 1e-6,
+                       **gate_kw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """mhc_pre from the raw projection dot_mix = vec(X) fn^T and sqrsum = |vec X|^2.
 
     Split-K partials carry a leading split axis ([S, ..., 24] and [S, ...]); they are summed.
@@ -80,14 +96,15 @@ def mhc_pre_from_mixes(dot_mix, sqrsum, X, scale, base, *, rms_eps=1e-6, **gate_
 
 
 # --8<-- [start:mhc_post]
-def mhc_post(F, X, post, comb):
+def mhc_post(F: np.ndarray, X: np.ndarray, post: np.ndarray, comb: np.ndarray) -> np.ndarray:
     """X_{l+1} = B X + C F with B = comb^T: new[k] = post[k] F + sum_j comb[j][k] X[j]."""
     return post[..., :, None] * F[..., None, :] + np.einsum("...jk,...jh->...kh", comb, X)
 # --8<-- [end:mhc_post]
 
 
 # --8<-- [start:layer]
-def mhc_layer(X, F, fn, scale, base, **kw):
+def mhc_layer(X: np.ndarray, F, fn: np.ndarray, scale: np.ndarray, base: np.ndarray,
+              **kw) -> np.ndarray:
     """One full mHC site: X_{l+1} = B_l X_l + C_l F(A_l X_l); F maps [..., d] -> [..., d]."""
     layer_input, post, comb = mhc_pre(X, fn, scale, base, **kw)
     return mhc_post(F(layer_input), X, post, comb)
@@ -95,7 +112,8 @@ def mhc_layer(X, F, fn, scale, base, **kw):
 
 
 # --8<-- [start:split_k]
-def project_split_k(X, fn, splits):
+def project_split_k(X: np.ndarray, fn: np.ndarray,
+                    splits: int) -> tuple[np.ndarray, np.ndarray]:
     """dot_mix and sqrsum in `splits` K-chunks, as a split-K GEMM writes them ([S, ..., 24])."""
     x = X.reshape(*X.shape[:-2], -1)  # [..., K]
     bounds = np.linspace(0, x.shape[-1], splits + 1).astype(int)
@@ -107,7 +125,7 @@ def project_split_k(X, fn, splits):
 
 
 # --8<-- [start:amax_gain]
-def amax_gain(M):
+def amax_gain(M: np.ndarray) -> float:
     """max(largest |row| sum, largest |column| sum) of M: the forward and backward gain."""
     A = np.abs(M)
     return max(A.sum(-1).max(), A.sum(-2).max())
@@ -115,7 +133,7 @@ def amax_gain(M):
 
 
 # --8<-- [start:bytes]
-def bytes_per_token(op, H, S=1):
+def bytes_per_token(op: str, H: int, S: int = 1) -> int:
     """Bytes an op must move per token (bf16 2 B, fp32 4 B): the roofline's numerator."""
     return {"mhc_pre": 8 * H + 2 * H + 16 + 64,  # read X once, write A X, post, comb
             "mhc_pre_from_mixes": 8 * H + 96 * S + 4 * S + 2 * H + 16 + 64,  # + dot_mix, sqrsum

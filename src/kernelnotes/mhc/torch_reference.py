@@ -40,8 +40,10 @@ def gates_torch(mix: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
     return pre, post, comb
 
 
-def mhc_pre_torch(residual, fn, scale, base, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6,
-                  post_mult=2.0, sinkhorn_iters=20):
+def mhc_pre_torch(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor,
+                  base: torch.Tensor, rms_eps: float = 1e-6, pre_eps: float = 1e-6,
+                  sinkhorn_eps: float = 1e-6, post_mult: float = 2.0, sinkhorn_iters: int = 20
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """residual [T, 4, H] bf16, fn [24, 4H] fp32 -> layer_input [T, H] bf16, post [T, 4], comb."""
     x = residual.flatten(1).float()  # [T, 4H]
     rstd = torch.rsqrt(x.square().mean(-1, keepdim=True) + rms_eps)
@@ -52,8 +54,12 @@ def mhc_pre_torch(residual, fn, scale, base, rms_eps=1e-6, pre_eps=1e-6, sinkhor
     return layer_input, post, comb
 
 
-def mhc_pre_from_mixes_torch(dot_mix, sqrsum, residual, scale, base, rms_eps=1e-6, pre_eps=1e-6,
-                             sinkhorn_eps=1e-6, post_mult=2.0, sinkhorn_iters=20):
+def mhc_pre_from_mixes_torch(dot_mix: torch.Tensor, sqrsum: torch.Tensor,
+                             residual: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                             rms_eps: float = 1e-6, pre_eps: float = 1e-6,
+                             sinkhorn_eps: float = 1e-6, post_mult: float = 2.0,
+                             sinkhorn_iters: int = 20
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The same from dot_mix [S, T, 24] and sqrsum [S, T] (FlashInfer's test reference)."""
     k = 4 * residual.shape[-1]
     rstd = torch.rsqrt(sqrsum.sum(0)[:, None] / k + rms_eps)
@@ -64,7 +70,8 @@ def mhc_pre_from_mixes_torch(dot_mix, sqrsum, residual, scale, base, rms_eps=1e-
     return layer_input, post, comb
 
 
-def mhc_post_torch(x, residual, post_mix, comb_mix):
+def mhc_post_torch(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor,
+                   comb_mix: torch.Tensor) -> torch.Tensor:
     """out[t, k] = post[t, k] x[t] + sum_j comb[t, j, k] residual[t, j], in fp32, then bf16."""
     mixed = torch.einsum("tjk,tjh->tkh", comb_mix, residual.float())
     return (post_mix[:, :, None] * x.float()[:, None, :] + mixed).bfloat16()
