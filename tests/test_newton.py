@@ -415,8 +415,8 @@ def test_ops_run_under_fake_tensors():
 
 
 def _compiled_matches_eager(backend: str | None) -> None:
-    def f(x):
-        return rsqrt(x) * sqrt(x + 1.0)
+    def f(x):  # loss y1 - y2: both terms of the gradient are positive, nothing cancels
+        return sqrt(x) * 2.0, rsqrt(x + 1.0)
 
     def f_out(x, out):
         sqrt(x, out=out)
@@ -426,14 +426,15 @@ def _compiled_matches_eager(backend: str | None) -> None:
     x = _positive(size(37, 1 << 20))
     xg = x.clone().requires_grad_()
     got = torch.compile(f, **kw)(xg)
-    got.sum().backward()
+    (got[0].sum() - got[1].sum()).backward()
     want_x = x.clone().requires_grad_()
     want = f(want_x)
-    want.sum().backward()
+    (want[0].sum() - want[1].sum()).backward()
     out_got, out_want = torch.empty_like(x), torch.empty_like(x)
     got_out = torch.compile(f_out, **kw)(x, out_got)
-    # aot_eager runs the traced graph with eager kernels: equal; inductor may fuse the torch ops
-    # around ours (an fma for x + 1 times ...): within a few fp32 roundings
+    # aot_eager runs the traced graph with eager kernels: equal; inductor generates its own
+    # kernels for the torch ops around ours and for the backward formulas (its division and
+    # pow may round differently): within a few fp32 roundings
     tol = {"rtol": 0, "atol": 0} if backend == "aot_eager" else {"rtol": 1e-6, "atol": 0}
     torch.testing.assert_close(got, want, **tol)
     torch.testing.assert_close(xg.grad, want_x.grad, **tol)
@@ -592,7 +593,8 @@ def _assert_as_torch(got: torch.Tensor, want: torch.Tensor) -> None:
         ulps = (_ordinal(got[ok]) - _ordinal(want[ok])).abs()
         assert ulps.numel() == 0 or int(ulps.max()) <= 1
     else:
-        assert torch.allclose(got[ok], want[ok], rtol=2**-23, atol=0)
+        # float64 out: torch may round once from float64, we from float32: 1.5 fp32 ulp
+        assert torch.allclose(got[ok], want[ok], rtol=2**-22, atol=0)
     zeros = want[ok] == 0
     assert torch.equal(got[ok][zeros].signbit(), want[ok][zeros].signbit())
 

@@ -1,6 +1,9 @@
 """Newton's method: root finding (NumPy reference) and Newton-refined sqrt/rsqrt (Triton).
 
-``kernelnotes.newton.sqrt``/``rsqrt`` import torch and triton on first use only.
+``sqrt`` and ``rsqrt`` are drop-ins for ``torch.sqrt`` and ``torch.rsqrt`` (same arguments,
+gradients, ``torch.compile``), backed by the custom operators ``kernelnotes::sqrt`` and
+``kernelnotes::rsqrt``; they import torch and triton on first use only. The post:
+docs/posts/01-newton.md.
 """
 
 from kernelnotes._lazy import lazy_exports
