@@ -39,11 +39,11 @@ def load(topic: str) -> dict:
 
 
 def provenance(meta: dict) -> str:
-    """One line naming where and when the numbers were measured."""
+    """One line naming what the numbers were measured on (the results file keeps the date and
+    commit too; the About page lists them)."""
     return (
         f"Measured on one {meta['gpu']} (driver {meta['driver']}, CUDA {meta['cuda']}), "
-        f"torch {meta['torch']}, triton {meta['triton']}, on {meta['date'][:10]} "
-        f"at commit `{meta['commit'][:10]}`."
+        f"torch {meta['torch']}, triton {meta['triton']}."
     )
 
 
@@ -69,7 +69,6 @@ def table_results() -> str:
                 meta["torch"],
                 meta["triton"],
                 meta["date"][:10],
-                f"`{meta['commit'][:10]}`",
                 f"{meta['copy_gbs']:.0f}",
             ]
         )
@@ -77,5 +76,5 @@ def table_results() -> str:
         return ('!!! info "No benchmark results yet"\n'
                 "    Run `bash scripts/dev bench` on a CUDA machine.")
     return markdown_table(
-        ["topic", "GPU", "driver", "torch", "triton", "date", "commit", "copy GB/s"], rows
+        ["results", "GPU", "driver", "torch", "triton", "measured", "copy GB/s"], rows
     )
