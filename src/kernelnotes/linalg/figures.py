@@ -7,6 +7,9 @@ costs nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from kernelnotes._results import load, markdown_table, provenance
@@ -20,13 +23,17 @@ from kernelnotes.linalg.regression import (
     plane_data,
 )
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 CONDS_ORTH = np.logspace(0, 10, 21)
 CONDS_LSTSQ = np.logspace(0, 12, 25)
 PENDING = '!!! info "Results pending"\n    Run `python -m benchmarks linalg` on a GPU.'
 
 
 # --8<-- [start:orthogonality]
-def orthogonality_loss(conds, m: int = 60, n: int = 12, seed: int = 0) -> dict[str, np.ndarray]:
+def orthogonality_loss(conds: Iterable[float], m: int = 60, n: int = 12,
+                       seed: int = 0) -> dict[str, np.ndarray]:
     """||Q^T Q - I||_2 of CGS, MGS and Householder on matrices of the given condition numbers."""
     rng = np.random.default_rng(seed)
     out: dict[str, list[float]] = {"CGS": [], "MGS": [], "Householder": []}
@@ -39,7 +46,7 @@ def orthogonality_loss(conds, m: int = 60, n: int = 12, seed: int = 0) -> dict[s
 # --8<-- [end:orthogonality]
 
 
-def figure_orthogonality():
+def figure_orthogonality() -> Figure:
     import matplotlib.pyplot as plt
 
     loss = orthogonality_loss(CONDS_ORTH)
@@ -57,7 +64,7 @@ def figure_orthogonality():
     return fig
 
 
-def figure_digits_lost():
+def figure_digits_lost() -> Figure:
     import matplotlib.pyplot as plt
 
     lost = digits_lost(CONDS_LSTSQ)
@@ -75,7 +82,7 @@ def figure_digits_lost():
     return fig
 
 
-def figure_regression_line():
+def figure_regression_line() -> Figure:
     import matplotlib.pyplot as plt
 
     x, y = line_data()
@@ -93,7 +100,7 @@ def figure_regression_line():
     return fig
 
 
-def figure_regression_plane():
+def figure_regression_plane() -> Figure:
     import matplotlib.pyplot as plt
 
     X, z = plane_data()

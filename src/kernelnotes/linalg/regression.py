@@ -6,6 +6,8 @@ min ||X theta - y||_2 for a design matrix X with a column of ones. NumPy only.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from kernelnotes.linalg.reference import (
@@ -69,7 +71,8 @@ def fit_linear_layer(X: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 # --8<-- [start:digits_lost]
-def digits_lost(conds, m: int = 100, n: int = 10, seed: int = 0) -> dict[str, np.ndarray]:
+def digits_lost(conds: Iterable[float], m: int = 100, n: int = 10,
+                seed: int = 0) -> dict[str, np.ndarray]:
     """log10(relative error / u) of the least-squares solution, normal equations against QR.
 
     b = A x_true exactly up to rounding (a zero-residual problem), so QR's error is about u cond
