@@ -6,7 +6,6 @@ random), logits are O(1) so that Sinkhorn has work to do, and H does not divide 
 
 from __future__ import annotations
 
-import types
 
 import numpy as np
 import pytest

@@ -376,28 +376,26 @@ def _mhc_post_kernel(
 # --8<-- [start:configs]
 # The streaming kernels, (BLOCK_T, BLOCK_H, num_warps): 512 to 4096 elements per stream and
 # program, 4 to 16 bf16 per thread and stream, four streams in flight per thread; BLOCK_T = 1
-# gives small T the most programs. Which wins depends on the kernel and H (H200 sweeps at
-# T = 8192: for mhc_pre_from_mixes at H = 4096 the 8 x 512 and 2 x 1024 tiles, for mhc_post
-# 1 x 512 and 1 x 2048; within 2% of each other at H = 7168): five candidates.
+# gives small T the most programs. Which wins depends on the kernel and H (on an H200 at
+# T = 8192 no one tile won for both kernels at both H): five candidates.
 STREAM_CONFIGS = [triton.Config({"BLOCK_T": t, "BLOCK_H": h}, num_warps=w)
                   for t, h, w in ((1, 512, 4), (1, 1024, 4), (2, 1024, 4), (1, 2048, 8),
                                   (8, 512, 8))]
 # The projection: fixed tiles, no autotuner. 64 tokens (the MMA's M) by 128 columns of K a step,
-# fn's tiles streaming from L2 beside the residual's. It was autotuned against 128 x 64 (8 warps,
-# 4 stages) until H200 graph timings of the whole mhc_pre found 64 x 128 faster at every T tried,
-# 1 to 8192 at both H (by 12% to 21% up to T = 512, 1% to 2% at 1024), where the autotuner,
-# timing the kernel alone from a cold L2, had picked 128 x 64 for some T (lab/mhc/NOTES.md). Fixed tiles
-# with the same bits also keep mhc_pre's bits from depending on a process's autotuner.
+# fn's tiles streaming from L2 beside the residual's. Timed as the whole mhc_pre (CUDA graphs,
+# an H200), it beat 128 x 64 at every T tried, which the autotuner, timing the kernel alone from
+# a cold L2, had picked for some T. Fixed tiles with the same bits also keep mhc_pre's bits from
+# depending on a process's autotuner.
 PROJECT_TILE = {"BLOCK_T": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
 # Where one program an SM still fills the GPU (_fills; T = 8192), 128 tokens and 4 stages: 160 KiB
 # of shared memory, so one program an SM, with 64 KiB of the residual in flight on it against
 # 32 KiB (two programs, one step ahead each), and half of fn's bytes per residual byte. The same
-# bits as the 64-token tile (same K-splits and steps; tested on the GPU); on the H200 1.9 us off
-# the whole mhc_pre's GPU time at T = 8192, H = 7168, level at 4096 and at T = 1024 (lab/mhc/NOTES.md).
+# bits as the 64-token tile (same K-splits and steps; tested on the GPU); on an H200 a little
+# faster for the whole mhc_pre at T = 8192, H = 7168, level at 4096 and at T = 1024.
 PROJECT_TILE_WIDE = {"BLOCK_T": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4}
 FILL = 0.9  # the share of the SMs the wide tile's grid must cover
 # fn's split: a latency-bound kernel of a few microseconds; 2048 elements and 8 warps a program
-# took about 1 us less of the whole mhc_pre than 4096 and 4 (H200, CUDA graphs, both H)
+# were a little faster than 4096 and 4 (an H200, CUDA graphs, both H)
 SPLIT_TILE = {"BLOCK": 2048, "num_warps": 8}
 K_SPLIT_ALIGN = 256  # split boundaries on multiples of every BLOCK_K, so S is config-free
 MAX_SPLITS = 16  # the big-fuse kernel unrolls its split sums: keep S (and its code) small
