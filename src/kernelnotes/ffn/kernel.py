@@ -566,6 +566,21 @@ def _check_config(config) -> None:
     missing = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"} - set(config.kwargs)
     if missing:
         raise ValueError(f"config is missing {', '.join(sorted(missing))}")
+    unknown = set(config.kwargs) - {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "TMA", "FLATTEN",
+                                    "TMA_STORE"}
+    if unknown:
+        raise ValueError(f"config sets unknown keys {', '.join(sorted(unknown))}")
+    for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"):
+        v = config.kwargs[key]
+        least = 1 if key == "GROUP_M" else 16  # tl.dot needs tiles of at least 16
+        if type(v) is not int or v < least or (key != "GROUP_M" and v & (v - 1)):
+            kind = "an int >= 1" if key == "GROUP_M" else "a power of two >= 16"
+            raise ValueError(f"config {key}={v!r} must be {kind}")
+    for key in ("TMA", "FLATTEN", "TMA_STORE"):
+        if key in config.kwargs and not isinstance(config.kwargs[key], bool):
+            raise TypeError(f"config {key} must be a bool, got {type(config.kwargs[key]).__name__}")
+    if type(config.num_warps) is not int or config.num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"config num_warps={config.num_warps!r} must be 1, 2, 4, 8 or 16")
 
 
 def _check_offsets(name: str, t: torch.Tensor) -> None:
