@@ -244,9 +244,10 @@ def _small_t(quick: bool, triton_impl, eager_impl, compiled) -> list[dict]:
 
 
 def _backward(quick: bool) -> list[dict]:
-    """The backward alone at T = 8192, H = 7168 (one graph built, then torch.autograd.grad with
-    retain_graph, timed by do_bench): the custom ops' (composite torch ops that recompute the
-    projection and the 24 gates a token) against eager autograd of the float32 torch reference."""
+    """The backward at T = 8192, H = 7168: alone (one graph built, then torch.autograd.grad with
+    retain_graph, timed by do_bench), and forward + backward as a training step pays them. The
+    custom ops' (composite torch ops that recompute the projection and the 24 gates a token)
+    against eager autograd of the float32 torch reference."""
     import torch
 
     from kernelnotes.mhc import mhc_post, mhc_pre
@@ -271,10 +272,16 @@ def _backward(quick: bool) -> list[dict]:
             def backward(outs=outs, ins=ins, cots=cots):
                 torch.autograd.grad(outs, ins, cots, retain_graph=True)
 
-            p50, p20, p80 = bench_ms(backward, warmup_ms=10 if quick else 25,
-                                     rep_ms=40 if quick else 100)
-            rows.append({"op": op, "impl": impl, "T": T, "H": H, "ms": p50, "ms_p20": p20,
-                         "ms_p80": p80})
+            def step(f=f, ins=ins, cots=cots, op=op):  # forward + backward: a training step
+                outs = f(*ins)
+                outs = outs if op == "mhc_pre backward" else (outs,)
+                torch.autograd.grad(outs, ins, cots)
+
+            timing = {"warmup_ms": 10 if quick else 25, "rep_ms": 40 if quick else 100}
+            for name, fn_ in ((op, backward), (op.replace("backward", "forward+backward"), step)):
+                p50, p20, p80 = bench_ms(fn_, **timing)
+                rows.append({"op": name, "impl": impl, "T": T, "H": H, "ms": p50,
+                             "ms_p20": p20, "ms_p80": p80})
             del outs, ins, cots
             torch.cuda.empty_cache()
     return rows
@@ -310,7 +317,8 @@ def summary(rows: list[dict], meta: dict) -> str:
             once = ms.get(("mhc_pre", SPLIT_ONCE, T, H))
             if once:
                 lines.append(f"mhc_pre T={T} H={H}, fn split once: {1e3 * once:.1f} us")
-    for op in ("mhc_pre backward", "mhc_post backward"):
+    for op in ("mhc_pre backward", "mhc_post backward", "mhc_pre forward+backward",
+               "mhc_post forward+backward"):
         ours, eager = (next((r for r in rows if r["op"] == op and r["impl"] == impl), None)
                        for impl in ("triton", "eager"))
         if ours and eager:

@@ -596,52 +596,51 @@ def _post(x, residual, post_mix, comb_mix, config):
 
 
 # --8<-- [start:backward]
-def _gates_vjp(dot, sq, residual, scale, base, g_li, g_post, g_comb, *, rms_eps, pre_eps,
+def _gates_vjp(dot, sq, x, scale, base, g_li, g_post, g_comb, *, rms_eps, pre_eps,
                sinkhorn_eps, post_mult, sinkhorn_iters):
     """The backward of the gates and of layer_input = sum_j pre_j X_j, given the raw mixes
-    ``dot`` [T, 24] and sums of squares ``sq`` [T] (recomputed or given). The 24 numbers a
-    token are recomputed under autograd (the torch reference's gates, Sinkhorn included); the
-    [T, 4, H] parts are written out by hand. Returns (g_dot, g_sq, g_residual through
-    layer_input only, g_scale, g_base), in the compute dtype (float32, or float64 for float64
-    inputs)."""
+    ``dot`` [T, 24], the sums of squares ``sq`` [T] (recomputed or given) and the residual
+    ``x`` [T, 4, H] in the compute dtype (float32, or float64 for float64 inputs). The 24
+    numbers a token are recomputed under autograd (the torch reference's gates, Sinkhorn
+    included); the [T, 4, H] parts are written out by hand. Returns (g_dot, g_sq, pre,
+    g_layer_input, g_scale, g_base): layer_input's own term of g_X is pre_j g_layer_input."""
     from kernelnotes.mhc.torch_reference import gates_torch
 
-    acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
-    T, _, H = residual.shape
-    res = residual.to(acc)
-    g_li = torch.zeros((T, H), dtype=acc, device=res.device) if g_li is None else g_li.to(acc)
-    g_post = torch.zeros((T, N_HC), dtype=acc, device=res.device) if g_post is None \
+    T, _, H = x.shape
+    acc = x.dtype
+    g_li = torch.zeros((T, H), dtype=acc, device=x.device) if g_li is None else g_li.to(acc)
+    g_post = torch.zeros((T, N_HC), dtype=acc, device=x.device) if g_post is None \
         else g_post.to(acc).reshape(T, N_HC)
-    g_comb = torch.zeros((T, N_HC, N_HC), dtype=acc, device=res.device) if g_comb is None \
+    g_comb = torch.zeros((T, N_HC, N_HC), dtype=acc, device=x.device) if g_comb is None \
         else g_comb.to(acc)
+    g_pre = torch.bmm(x, g_li[:, :, None])[:, :, 0]  # d layer_input / d pre_j = X_j  [T, 4]
     with torch.enable_grad():
         d, q, sc, b = (t.detach().to(acc).requires_grad_() for t in (dot, sq, scale, base))
         rstd = torch.rsqrt(q / (N_HC * H) + rms_eps)  # 1 / RMS(vec X_l)
         pre, post, comb = gates_torch(d * rstd[:, None], sc, b, pre_eps=pre_eps,
                                       sinkhorn_eps=sinkhorn_eps, post_mult=post_mult,
                                       sinkhorn_iters=sinkhorn_iters)
-        g_pre = torch.einsum("th,tjh->tj", g_li, res)  # d layer_input / d pre_j = X_j
         g_dot, g_sq, g_scale, g_base = torch.autograd.grad(
             (pre, post, comb), (d, q, sc, b), (g_pre, g_post, g_comb))
-    g_res = pre.detach()[:, :, None] * g_li[:, None, :]  # d layer_input / d X_j = pre_j
-    return g_dot, g_sq, g_res, g_scale, g_base
+    return g_dot, g_sq, pre.detach(), g_li, g_scale, g_base
 
 
 def _pre_vjp(residual, fn, scale, base, g_li, g_post, g_comb, **kw):
     """mhc_pre's backward: (g_residual, g_fn, g_scale, g_base), each in its input's dtype.
 
     With x = vec(X_l) and w = fn (hi + lo for a split fn): dot = x w^T and sq = |x|^2 are
-    recomputed (one GEMM); then g_x = g_dot w + 2 g_sq x beside layer_input's own term, and
-    g_w = g_dot^T x. A split fn's two parts both get g_w (fn = hi + lo)."""
+    recomputed (one skinny GEMM, one dot product a token); then
+    g_x = g_dot w + 2 g_sq x + pre (x) g_layer_input and g_w = g_dot^T x, the [T, 4H] terms
+    accumulated in place. A split fn's two parts both get g_w (fn = hi + lo)."""
     T, _, H = residual.shape
     acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
-    x = residual.reshape(T, N_HC * H).to(acc)
+    x = residual.reshape(T, N_HC * H).to(acc)  # the one conversion of the residual
     w = fn.to(acc) if fn.ndim == 2 else fn[0].to(acc) + fn[1].to(acc)
-    dot, sq = x @ w.T, (x * x).sum(-1)
-    g_dot, g_sq, g_res, g_scale, g_base = _gates_vjp(dot, sq, residual, scale, base, g_li,
-                                                     g_post, g_comb, **kw)
-    g_x = g_dot @ w + (2 * g_sq)[:, None] * x  # [T, 4H]
-    g_res = g_res + g_x.view(T, N_HC, H)
+    dot, sq = x @ w.T, torch.bmm(x[:, None, :], x[:, :, None])[:, 0, 0]
+    g_dot, g_sq, pre, g_li, g_scale, g_base = _gates_vjp(
+        dot, sq, x.view(T, N_HC, H), scale, base, g_li, g_post, g_comb, **kw)
+    g_x = (g_dot @ w).addcmul_(x, (2 * g_sq)[:, None])  # [T, 4H]
+    g_res = g_x.view(T, N_HC, H).addcmul_(pre[:, :, None], g_li[:, None, :])
     g_w = g_dot.T @ x  # [24, 4H]
     g_fn = g_w if fn.ndim == 2 else torch.stack((g_w, g_w))
     return (g_res.to(residual.dtype), g_fn.to(fn.dtype), g_scale.to(scale.dtype),
@@ -651,14 +650,15 @@ def _pre_vjp(residual, fn, scale, base, g_li, g_post, g_comb, **kw):
 def _post_vjp(x, residual, post_mix, comb_mix, grad):
     """mhc_post's backward, from out[k] = post[k] x + sum_j comb[j][k] X[j]:
     g_x = sum_k post[k] g[k], g_X[j] = sum_k comb[j][k] g[k], g_post[k] = <g[k], x>,
-    g_comb[j][k] = <X[j], g[k]>, each in its input's dtype."""
+    g_comb[j][k] = <X[j], g[k]>, each in its input's dtype (batched matrix products, so no
+    [T, 4, 4, H] temporary)."""
     acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
     g, xf, res = grad.to(acc), x.to(acc), residual.to(acc)
     post, comb = post_mix.to(acc).reshape(g.shape[0], N_HC), comb_mix.to(acc)
-    g_x = torch.einsum("tk,tkh->th", post, g)
-    g_res = torch.einsum("tjk,tkh->tjh", comb, g)
-    g_post = torch.einsum("tkh,th->tk", g, xf).reshape(post_mix.shape)
-    g_comb = torch.einsum("tjh,tkh->tjk", res, g)
+    g_x = torch.bmm(post[:, None, :], g)[:, 0]  # [T, H]
+    g_res = torch.bmm(comb, g)  # [T, 4, H]
+    g_post = torch.bmm(g, xf[:, :, None])[:, :, 0].reshape(post_mix.shape)
+    g_comb = torch.bmm(res, g.transpose(1, 2))  # [T, 4(j), 4(k)]
     return (g_x.to(x.dtype), g_res.to(residual.dtype), g_post.to(post_mix.dtype),
             g_comb.to(comb_mix.dtype))
 # --8<-- [end:backward]
@@ -736,8 +736,11 @@ def _from_mixes_setup(ctx, inputs, output):
 
 def _from_mixes_backward(ctx, g_li, g_post, g_comb):
     dot_mix, sqrsum, residual, scale, base = ctx.saved_tensors
-    g_dot, g_sq, g_res, g_scale, g_base = _gates_vjp(
-        dot_mix.sum(0), sqrsum.sum(0), residual, scale, base, g_li, g_post, g_comb, **ctx.kw)
+    acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
+    g_dot, g_sq, pre, g_li, g_scale, g_base = _gates_vjp(
+        dot_mix.sum(0), sqrsum.sum(0), residual.to(acc), scale, base, g_li, g_post, g_comb,
+        **ctx.kw)
+    g_res = pre[:, :, None] * g_li[:, None, :]  # through layer_input only
     S = dot_mix.shape[0]  # every split partial enters the sum with weight 1
     return (g_dot.expand(S, *g_dot.shape).to(dot_mix.dtype),
             g_sq.expand(S, *g_sq.shape).to(sqrsum.dtype), g_res.to(residual.dtype),
