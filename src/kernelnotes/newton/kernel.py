@@ -148,23 +148,26 @@ def _shares_memory(a: Tensor, b: Tensor) -> bool:
 # --8<-- [end:launcher]
 
 
+NS = "kernelnotes"  # the operators' namespace: torch.ops.kernelnotes.sqrt, ...
+
+
 # --8<-- [start:ops]
-@torch.library.custom_op("kernelnotes::sqrt", mutates_args=())
+@torch.library.custom_op(f"{NS}::sqrt", mutates_args=())
 def _sqrt_op(x: Tensor, block: int = BLOCK) -> Tensor:
     return _launch(x, None, rsqrt=False, block=block)
 
 
-@torch.library.custom_op("kernelnotes::rsqrt", mutates_args=())
+@torch.library.custom_op(f"{NS}::rsqrt", mutates_args=())
 def _rsqrt_op(x: Tensor, block: int = BLOCK) -> Tensor:
     return _launch(x, None, rsqrt=True, block=block)
 
 
-@torch.library.custom_op("kernelnotes::sqrt_out", mutates_args=("out",))
+@torch.library.custom_op(f"{NS}::sqrt_out", mutates_args=("out",))
 def _sqrt_out_op(x: Tensor, out: Tensor, block: int = BLOCK) -> None:
     _launch(x, out, rsqrt=False, block=block)
 
 
-@torch.library.custom_op("kernelnotes::rsqrt_out", mutates_args=("out",))
+@torch.library.custom_op(f"{NS}::rsqrt_out", mutates_args=("out",))
 def _rsqrt_out_op(x: Tensor, out: Tensor, block: int = BLOCK) -> None:
     _launch(x, out, rsqrt=True, block=block)
 
