@@ -850,7 +850,7 @@ BAD_SDPA = [
     ("non-contiguous", lambda q, k, v: dict(query=q.transpose(1, 2).contiguous().transpose(1, 2),
                                             key=k, value=v, is_causal=True), "torch"),
     ("NaN in query", lambda q, k, v: dict(query=_nan_in_query(q), key=k, value=v), "torch"),
-    ("not a tensor", lambda q, k, v: dict(query=q.numpy(), key=k, value=v),
+    ("not a tensor", lambda q, k, v: dict(query=q.cpu().numpy(), key=k, value=v),
      (TypeError, "query")),
     ("wrong device", lambda q, k, v: dict(query=q, key=_meta(k), value=_meta(v)),
      (ValueError, "key")),

@@ -1,10 +1,12 @@
 """FlashAttention-2: NumPy reference (standard, tiled forward, backward) and Triton kernels.
 
-``kernelnotes.attention.flash_attention`` and the launchers import torch and triton on first use.
+``flash_attention`` is a drop-in for ``torch.nn.functional.scaled_dot_product_attention``;
+it and the launchers ``flash_attn_fwd`` / ``flash_attn_bwd`` import torch and triton on first use.
 """
 
 from kernelnotes._lazy import lazy_exports
 from kernelnotes.attention.reference import (
+    ALIGNMENTS,
     VERSIONS,
     attention_naive,
     causal_mask,
@@ -16,10 +18,10 @@ from kernelnotes.attention.reference import (
     tile_bytes,
 )
 
-_KERNEL_NAMES = ("flash_attention", "flash_attn_fwd", "flash_attn_bwd", "ALIGNMENTS")
+_KERNEL_NAMES = ("flash_attention", "flash_attn_fwd", "flash_attn_bwd")
 
 __all__ = [
-    "VERSIONS", "attention_naive", "causal_mask", "flash_attention_backward",
+    "ALIGNMENTS", "VERSIONS", "attention_naive", "causal_mask", "flash_attention_backward",
     "flash_attention_forward", "hbm_bytes_flash", "hbm_bytes_standard", "largest_tile",
     "tile_bytes", *_KERNEL_NAMES,
 ]

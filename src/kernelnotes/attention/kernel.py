@@ -33,6 +33,7 @@ from kernelnotes._validate import (
     check_tiles,
     interpreted,
 )
+from kernelnotes.attention.reference import ALIGNMENTS
 
 try:  # host-side TMA descriptors (Triton >= 3.4); without them D = 128 takes the pointer kernel
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -613,7 +614,6 @@ def _lpt_heads(n_heads: int, Nk: int, D: int) -> int:
     return max(1, min(n_heads, LPT_L2_BYTES // (4 * Nk * D)))
 
 
-ALIGNMENTS = ("top_left", "bottom_right")
 FWD_TILES = ("BLOCK_M", "BLOCK_N")
 BWD_TILES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
 
