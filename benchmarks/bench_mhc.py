@@ -291,7 +291,8 @@ def summary(rows: list[dict], meta: dict) -> str:
     copy = meta["copy_gbs"]
     ms = {(r["op"], r["impl"], r["T"], r["H"]): r["ms"] for r in rows
           if r.get("ms") and "timing" not in r}
-    gbs = {(r["op"], r["impl"], r["T"], r["H"]): r["gbs"] for r in rows if r.get("ms")}
+    gbs = {(r["op"], r["impl"], r["T"], r["H"]): r["gbs"] for r in rows
+           if r.get("ms") and "gbs" in r}
     lines = [f"mHC, copy ceiling {copy:.0f} GB/s"]
     for H in sorted({r["H"] for r in rows}):
         for op, target in (("mhc_pre_from_mixes", 90), ("mhc_post", 90), ("mhc_pre", 55)):
@@ -326,10 +327,10 @@ def summary(rows: list[dict], meta: dict) -> str:
                          f"autograd {1e3 * eager['ms']:.1f} us ({eager['ms'] / ours['ms']:.2f}x; "
                          "target >= 1x)")
     for r in rows:
-        if r["impl"] == REDUCE_OVERHEAD and r.get("ms"):
-            direct = ms.get((r["op"], "triton", r["T"], r["H"]))
+        direct = ms.get((r["op"], "triton", r["T"], r["H"]))
+        if r["impl"] == REDUCE_OVERHEAD and r.get("ms") and direct:
             lines.append(f"{r['op']} T={r['T']} H={r['H']}: direct {1e3 * direct:.1f} us, "
-                         f"reduce-overhead {1e3 * r['ms']:.1f} us" if direct else "")
+                         f"reduce-overhead {1e3 * r['ms']:.1f} us")
     for r in rows:
         if r["op"] == "mhc_pre phases":
             lines.append(f"mhc_pre T={r['T']} H={r['H']} phases (us): " + ", ".join(
