@@ -923,7 +923,9 @@ def flash_attention(
             backward; None autotunes on a GPU.
 
     Returns:
-        [B, Hq, Nq, D], query's dtype, contiguous.
+        [B, Hq, Nq, D], query's dtype, contiguous. A NaN in query row i makes output row i NaN,
+        as in SDPA; a NaN in a key or value row reaches the rows that see it and, for values,
+        the other rows of their query tile (SDPA's math backend: every row).
 
     Raises:
         TypeError: a non-tensor input, a dtype other than float16/bfloat16 (float32 included),
