@@ -25,6 +25,15 @@ from tests import _machine  # noqa: F401  (sets TRITON_INTERPRET=1 when there is
 
 ROOT = Path(__file__).resolve().parent
 _FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.M)
+# the first line of a content tab or an admonition (=== "Triton", ??? check "...", !!! note)
+_BLOCK_HEAD = re.compile(r"^( *)(===|\?\?\?\+?|!!!) .*$", re.M)
+
+
+def _open_blocks(src: str) -> str:
+    """Blank the head line of every tab and admonition, keeping the line count: their indented
+    bodies then read as indented code blocks (parsed again below) even where no blank line
+    follows the head, which CommonMark would otherwise fold into the head's paragraph."""
+    return _BLOCK_HEAD.sub(r"\1", src)
 
 
 def _mkdocs_yml() -> dict:
@@ -63,7 +72,7 @@ def pytest_markdown_docs_markdown_it():
             self._snippets = _snippet_preprocessor()
 
         def parse(self, src, env=None):
-            return list(self._walk(super().parse(src, env), 0))
+            return list(self._walk(super().parse(_open_blocks(src), env), 0))
 
         def _walk(self, tokens, offset):
             for tok in tokens:
@@ -71,7 +80,8 @@ def pytest_markdown_docs_markdown_it():
                     tok.map = [tok.map[0] + offset, tok.map[1] + offset]
                 if tok.type == "code_block" and _FENCE_LINE.search(tok.content):
                     # the body of a tab or admonition: parse it again as markdown
-                    yield from self._walk(super().parse(tok.content), tok.map[0])
+                    body = _open_blocks(tok.content)
+                    yield from self._walk(super().parse(body), tok.map[0])
                     continue
                 if tok.type == "fence" and "--8<--" in tok.content:
                     tok.content = "\n".join(self._snippets.run(tok.content.split("\n")))

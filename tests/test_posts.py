@@ -93,3 +93,17 @@ def test_no_lab_diary_on_the_site(path):
     assert not re.search(r"^\s*probe\w*\s*=\s*[{\[(]", text, re.M), \
         "hand-typed probe numbers: a number the text needs comes from a committed results file"
     assert not re.search(r"\b(machine starts?|this session|development probes?)\b", words, re.I)
+
+
+@pytest.mark.parametrize("path", POSTS, ids=lambda p: p.stem)
+def test_every_python_fence_is_collected_and_run(path):
+    """A fence pytest does not see is a check that never runs: count the python fences in the
+    source and those the collector (conftest.py) finds, nested in tabs and admonitions too."""
+    from conftest import pytest_markdown_docs_markdown_it
+
+    text = path.read_text(encoding="utf-8")
+    written = len(re.findall(r"^ *(`{3,}|~{3,}) *(\{ *\.)?python\b", text, re.M))
+    tokens = pytest_markdown_docs_markdown_it().parse(text)
+    collected = [t for t in tokens if t.type == "fence"
+                 and re.match(r"(\{ *\.)?python\b", t.info.strip())]
+    assert len(collected) == written
