@@ -822,7 +822,10 @@ def _launch_bwd(do, q, k, v, o, lse, causal: bool, causal_off: int, sm_scale: fl
 # The forward and the backward are torch custom operators: torch.compile and FakeTensorMode see
 # their fake implementations (shapes only) instead of tracing into the launchers, and autograd
 # calls the backward op. Configs travel as lists of ints (_check_config).
-@torch.library.custom_op("kernelnotes::flash_attn_fwd", mutates_args=())
+NS = "kernelnotes"  # the operators' namespace: torch.ops.kernelnotes.flash_attn_fwd, ...
+
+
+@torch.library.custom_op(f"{NS}::flash_attn_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
             causal_alignment: str, sm_scale: float, config: list[int] | None,
             deterministic: bool, bwd_config: list[int] | None
@@ -837,7 +840,7 @@ def _(q, k, v, causal, causal_alignment, sm_scale, config, deterministic, bwd_co
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("kernelnotes::flash_attn_bwd", mutates_args=())
+@torch.library.custom_op(f"{NS}::flash_attn_bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             o: torch.Tensor, lse: torch.Tensor, causal: bool, causal_alignment: str,
             sm_scale: float, deterministic: bool, config: list[int] | None
