@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import linecache
 import re
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import pytest
 

@@ -165,11 +165,11 @@ def run(quick: bool) -> list[dict]:
     rows = []
     # 1. this project's kernels and the eager peer, every shape (autotuning happens here)
     for T, H in shapes:
-        calls = calls({"triton": triton_impl, "eager": eager_impl}, T, H)
-        for op, by_impl in calls.items():
+        by_op = calls({"triton": triton_impl, "eager": eager_impl}, T, H)
+        for op, by_impl in by_op.items():
             for impl, fn in by_impl.items():
                 rows.append(_row(op, impl, T, H, bench_ms(fn, **timing)))
-        del calls
+        del by_op
         torch.cuda.empty_cache()
     print(f"mhc: triton and eager timed in {time.time() - t0:.0f} s", flush=True)
     # 2. torch.compile of the same reference while the time budget lasts (compiles are slow):

@@ -347,13 +347,14 @@ def _rows_that_load(key, Nq, Nk, causal, config):
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("D,dtype", [(16, torch.float16), (128, torch.bfloat16)])
 def test_nan_reaches_the_rows_that_see_it(D, dtype, where, causal):
-    """One NaN element in q (row i), k or v (key j); causal masks bottom-right aligned. The scores
-    of other queries do not involve q_i, so only row i is NaN. A NaN key is seen by the rows
-    i >= j - (Nk - Nq) (causal; every row otherwise): the mask replaces a score by -inf, so the rows that
-    do not see key j stay as they were, bit for bit. A NaN value is different: P V multiplies the
-    masked p_ij = 0 by the NaN, and 0 * NaN = NaN, so it spreads to every row of a query tile that
-    loads key j's tile, seen or not. Rows of earlier query tiles stay exact. (Dense attention,
-    softmax(S) V, spreads it to every row: checked below.)"""
+    """One NaN element in q (row i), k or v (key j); causal masks bottom-right aligned. The
+    scores of other queries do not involve q_i, so only row i is NaN. A NaN key is seen by the
+    rows i >= j - (Nk - Nq) (causal; every row otherwise): the mask replaces a score by -inf,
+    so the rows that do not see key j stay as they were, bit for bit. A NaN value is different:
+    P V multiplies the masked p_ij = 0 by the NaN, and 0 * NaN = NaN, so it spreads to every
+    row of a query tile that loads key j's tile, seen or not. Rows of earlier query tiles stay
+    exact. (Dense attention, softmax(S) V, spreads it to every row: checked below.)
+    """
     fwd_config = _configs(D)[0]
     bm, bn = fwd_config.kwargs["BLOCK_M"], fwd_config.kwargs["BLOCK_N"]
     Nq, off = 3 * bm + 5, 7  # three query tiles and a tail; Nk = Nq + off

@@ -43,8 +43,9 @@ def test_wheel_installed_outside_a_checkout_runs_and_says_what_needs_one(tmp_pat
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     # no build isolation: setuptools comes with the test extras, so this works offline too
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"),
-                    str(tree)], check=True, capture_output=True, text=True)
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(tree)],
+                   check=True, capture_output=True, text=True)
     wheel = next((tmp_path / "dist").glob("kernelnotes-*.whl"))
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],

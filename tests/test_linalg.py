@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernelnotes._testing import UNIT_ROUNDOFF, poison_, rel_err
+from kernelnotes._testing import UNIT_ROUNDOFF, rel_err
 from kernelnotes.linalg import reference as ref
 from tests._machine import DEVICE, ON_GPU, size
 

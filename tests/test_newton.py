@@ -573,7 +573,8 @@ OTHER_DEVICE = "cpu" if ON_GPU else "meta"  # a device the kernel does not run o
 
 
 def _ordinal(t: torch.Tensor) -> torch.Tensor:
-    """Float bits as integers ordered like the floats (-0 and +0 both 0): a difference is in ulps."""
+    """Float bits as integers ordered like the floats (-0 and +0 both 0): a difference is in
+    ulps."""
     ints = {2: torch.int16, 4: torch.int32}[t.element_size()]
     i = t.contiguous().view(ints).long()
     sign_mask = (1 << (8 * t.element_size() - 1)) - 1
@@ -617,7 +618,8 @@ BAD_INPUTS = [
     ("not a tensor (float)", lambda op: op(2.0), (TypeError, "input")),
     ("float64", lambda op: op(_x(6, dtype=torch.float64)), (TypeError, "input")),
     ("complex64", lambda op: op(_x(6).to(torch.complex64)), (TypeError, "input")),
-    ("int32 (promoted)", lambda op: op(torch.arange(-3, 9, dtype=torch.int32, device=DEVICE)), TORCH),
+    ("int32 (promoted)",
+     lambda op: op(torch.arange(-3, 9, dtype=torch.int32, device=DEVICE)), TORCH),
     ("bool (promoted)", lambda op: op(torch.tensor([True, False], device=DEVICE)), TORCH),
     ("rank 0", lambda op: op(torch.tensor(2.0, device=DEVICE)), TORCH),
     ("rank 5", lambda op: op(_x(2, 1, 3, 1, 2)), TORCH),
@@ -635,7 +637,8 @@ BAD_INPUTS = [
     ("out: mixed dtype (float64)", lambda op: op(_x(6), out=_x(6, dtype=torch.float64)), TORCH),
     ("out: int32", lambda op: op(_x(6), out=torch.empty(6, dtype=torch.int32, device=DEVICE)),
      (TypeError, "out")),
-    ("out: wrong device", lambda op: op(_x(6), out=_x(6, device=OTHER_DEVICE)), (ValueError, "out")),
+    ("out: wrong device", lambda op: op(_x(6), out=_x(6, device=OTHER_DEVICE)),
+     (ValueError, "out")),
     ("out: non-contiguous", lambda op: op(_x(3, 4), out=_x(4, 3).t()), TORCH),
     ("out: is the input", lambda op: (lambda x: op(x, out=x))(_x(3, 4)), TORCH),
     ("out: input requires grad",

@@ -51,8 +51,8 @@ def _bare_fuse(x_ptr, out_ptr, T, H, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexp
 def _calls(H: int, quick: bool) -> tuple[dict, tuple]:
     """{name: zero-argument call} for one H, and the bare fuse's tile (the fastest replayed)."""
     import torch
-
     from triton import cdiv
+
     from kernelnotes.mhc import kernel
     from kernelnotes.mhc.torch_reference import mhc_pre_torch
 

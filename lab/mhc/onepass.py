@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernelnotes.mhc import split_fn
-from lab.mhc.common import check_inputs, cdiv, finish, next_power_of_2, sm_count
+from lab.mhc.common import cdiv, check_inputs, finish, next_power_of_2, sm_count
 
 # Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -186,7 +186,8 @@ def _slice_width(H: int) -> int:
 # --8<-- [start:onepass_launcher]
 def mhc_pre_onepass(residual, fn, scale, base, *, rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6,
                     post_mult=2.0, sinkhorn_iters=20):
-    """:func:`kernelnotes.mhc.mhc_pre` with the residual read once: fn split, one pass, C_l and Sinkhorn.
+    """:func:`kernelnotes.mhc.mhc_pre` with the residual read once: fn split, one pass, C_l and
+    Sinkhorn.
 
     DeepSeek-V4's pre step (report eqs. 1-7) with the projection on the un-normalised residual
     (Xie et al. 2025, arXiv:2512.24880, sec. 4.3.1). Three launches: fn's bf16 hi + lo split,

@@ -4,6 +4,8 @@
 it and the launchers ``flash_attn_fwd`` / ``flash_attn_bwd`` import torch and triton on first use.
 """
 
+from typing import TYPE_CHECKING
+
 from kernelnotes._lazy import lazy_exports
 from kernelnotes.attention.reference import (
     ALIGNMENTS,
@@ -26,5 +28,8 @@ __all__ = [
     "tile_bytes", *_KERNEL_NAMES,
 ]
 
+
+if TYPE_CHECKING:  # type checkers and the API reference see them; at run time they load lazily
+    from kernelnotes.attention.kernel import flash_attention, flash_attn_bwd, flash_attn_fwd
 
 __getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})

@@ -7,6 +7,8 @@ import torch and triton on first use only. The ops are ``torch.library`` custom 
 ``torch.compile(fullgraph=True)``.
 """
 
+from typing import TYPE_CHECKING
+
 from kernelnotes._lazy import lazy_exports
 from kernelnotes.ffn.reference import (
     ACTIVATIONS,
@@ -39,5 +41,8 @@ __all__ = [
     *_KERNEL_NAMES,
 ]
 
+
+if TYPE_CHECKING:  # type checkers and the API reference see them; at run time they load lazily
+    from kernelnotes.ffn.kernel import FeedForward, ffn, linear_act, linear_swiglu, use_config
 
 __getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})

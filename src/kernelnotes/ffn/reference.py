@@ -144,7 +144,7 @@ def mse_loss(Y_hat: np.ndarray, Y: np.ndarray) -> tuple[float, np.ndarray]:
 
 
 # --8<-- [start:grad_check]
-def grad_check(loss_fn: "Callable[[], float]", params: list, eps: float = 1e-6
+def grad_check(loss_fn: Callable[[], float], params: list, eps: float = 1e-6
                ) -> list:
     """Central differences (L(p + eps e_i) - L(p - eps e_i)) / (2 eps), for every entry of every
     float64 array in params (changed in place and restored); error O(eps^2) + O(u / eps)."""
@@ -210,7 +210,7 @@ def train(X: np.ndarray, Y: np.ndarray, widths: list, act: str = "tanh", lr: flo
 
 
 # --8<-- [start:hat_fit]
-def relu_fit(f: "Callable[[np.ndarray], np.ndarray]", h: int, lo: float = 0.0, hi: float = 1.0,
+def relu_fit(f: Callable[[np.ndarray], np.ndarray], h: int, lo: float = 0.0, hi: float = 1.0,
              n_fit: int = 2048) -> list:
     """A width-h ReLU network for f on [lo, hi]: hidden unit i is relu(x - k_i) with knots k_i
     spread over [lo, hi), and the output weights solve the least-squares problem on n_fit points.

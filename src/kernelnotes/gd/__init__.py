@@ -8,6 +8,8 @@ custom operators ``torch.ops.kernelnotes.sgd_step_`` and ``adam_step_`` (so they
 (docs/posts/04-gradient-descent.md) derives every update.
 """
 
+from typing import TYPE_CHECKING
+
 from kernelnotes._lazy import lazy_exports
 from kernelnotes.gd.reference import (
     adam,
@@ -32,5 +34,9 @@ __all__ = [
     "sgd_update", "step_decay", "steps_to_tol", "warmup_cosine", *_KERNEL_NAMES, *_OPTIM_NAMES,
 ]
 
+
+if TYPE_CHECKING:  # type checkers and the API reference see them; at run time they load lazily
+    from kernelnotes.gd.kernel import adam_step_, sgd_step_
+    from kernelnotes.gd.optim import SGD, Adam, AdamW
 
 __getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES, "optim": _OPTIM_NAMES})

@@ -7,6 +7,8 @@ They import torch and triton on first use only; the references are in
 ``kernelnotes.linalg.reference``.
 """
 
+from typing import TYPE_CHECKING
+
 from kernelnotes._lazy import lazy_exports
 
 _KERNEL_NAMES = ("lu_factor", "lu_factor_ex", "lu_solve", "qr", "lstsq",
@@ -14,5 +16,18 @@ _KERNEL_NAMES = ("lu_factor", "lu_factor_ex", "lu_solve", "qr", "lstsq",
 
 __all__ = [*_KERNEL_NAMES]
 
+
+if TYPE_CHECKING:  # type checkers and the API reference see them; at run time they load lazily
+    from kernelnotes.linalg.kernel import (
+        QR,
+        Lstsq,
+        LUFactor,
+        LUFactorEx,
+        lstsq,
+        lu_factor,
+        lu_factor_ex,
+        lu_solve,
+        qr,
+    )
 
 __getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})

@@ -470,7 +470,7 @@ def _encode(config: dict | None, keys: tuple) -> list[int] | None:
 
 
 def _decode(values: list[int] | None, keys: tuple) -> dict | None:
-    return None if values is None else {k: v for k, v in zip(keys, values) if v != -1}
+    return None if values is None else {k: v for k, v in zip(keys, values, strict=True) if v != -1}
 
 
 def _check_device(name: str, t: torch.Tensor) -> None:

@@ -6,6 +6,8 @@ gradients, ``torch.compile``), backed by the custom operators ``kernelnotes::sqr
 docs/posts/01-newton.md.
 """
 
+from typing import TYPE_CHECKING
+
 from kernelnotes._lazy import lazy_exports
 from kernelnotes.newton.reference import (
     NoConvergenceError,
@@ -34,5 +36,8 @@ __all__ = [
     *_KERNEL_NAMES,
 ]
 
+
+if TYPE_CHECKING:  # type checkers and the API reference see them; at run time they load lazily
+    from kernelnotes.newton.kernel import rsqrt, sqrt
 
 __getattr__ = lazy_exports(__name__, {"kernel": _KERNEL_NAMES})
