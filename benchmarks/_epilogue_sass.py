@@ -4,8 +4,8 @@ At the H200's power cap a call's time is its energy divided by the cap, so an ep
 what its instructions cost to execute, whether or not they overlap the matmul. This compiles
 ``kernelnotes.ffn.kernel.activation_epilogue`` alone, the function the matmul's epilogue
 inlines, for sm_90 (``triton.compile``, no GPU needed) and counts the SASS instructions it
-adds per element over the identity, with the ``cuobjdump`` that ships with Triton. Imported by ``bench_ffn.run`` (and
-``tests/test_ffn.py``, which compiles it without a GPU).
+adds per element over the identity, with the ``cuobjdump`` that ships with Triton. Imported
+by ``bench_ffn.run`` (and ``tests/test_ffn.py``, which compiles it without a GPU).
 """
 
 from __future__ import annotations
