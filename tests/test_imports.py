@@ -84,3 +84,17 @@ def test_benchmark_commit_label_is_refused_when_the_sources_differ(tmp_path):
         _harness.check_commit(first, tmp_path)
     unknown = "0123456789abcdef0123456789abcdef01234567"
     assert _harness.check_commit(unknown, tmp_path) == unknown
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+def test_every_public_name_resolves_and_dir_lists_it(topic):
+    """__all__ is the topic's API (the API reference reads it without running the module): each
+    name resolves, lazily or not, and dir() lists it, so completion and help() see it too."""
+    import importlib
+
+    module = importlib.import_module(f"kernelnotes.{topic}")
+    assert len(set(module.__all__)) == len(module.__all__)
+    missing = [n for n in module.__all__ if n not in dir(module)]
+    assert missing == []
+    for name in module.__all__:
+        assert getattr(module, name) is not None

@@ -29,16 +29,10 @@ _KERNEL_NAMES = (
     "use_config",
 )
 
-__all__ = [
-    "ACTIVATIONS",
-    "activation",
-    "activation_grad",
-    "ffn_backward",
-    "ffn_forward",
-    "grad_check",
-    "swiglu_ffn_forward",
-    "worked_example",
-    *_KERNEL_NAMES,
+__all__ = [  # literal, so documentation tools read it without running the module
+    "ACTIVATIONS", "activation", "activation_grad", "ffn_backward", "ffn_forward", "grad_check",
+    "swiglu_ffn_forward", "worked_example", "linear_act", "linear_swiglu", "ffn", "FeedForward",
+    "use_config",
 ]
 
 

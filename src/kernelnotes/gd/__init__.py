@@ -29,9 +29,10 @@ from kernelnotes.gd.reference import (
 _KERNEL_NAMES = ("sgd_step_", "adam_step_")
 _OPTIM_NAMES = ("SGD", "Adam", "AdamW")
 
-__all__ = [
+__all__ = [  # literal, so documentation tools read it without running the module
     "adam", "adam_update", "gd", "lstsq_grad", "lstsq_loss", "minibatch_sgd", "momentum", "regime",
-    "sgd_update", "step_decay", "steps_to_tol", "warmup_cosine", *_KERNEL_NAMES, *_OPTIM_NAMES,
+    "sgd_update", "step_decay", "steps_to_tol", "warmup_cosine", "sgd_step_", "adam_step_", "SGD",
+    "Adam", "AdamW",
 ]
 
 

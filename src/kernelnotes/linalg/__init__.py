@@ -14,7 +14,9 @@ from kernelnotes._lazy import lazy_exports
 _KERNEL_NAMES = ("lu_factor", "lu_factor_ex", "lu_solve", "qr", "lstsq",
                  "LUFactor", "LUFactorEx", "QR", "Lstsq")
 
-__all__ = [*_KERNEL_NAMES]
+__all__ = [  # literal, so documentation tools read it without running the module
+    "lu_factor", "lu_factor_ex", "lu_solve", "qr", "lstsq", "LUFactor", "LUFactorEx", "QR", "Lstsq",
+]
 
 
 if TYPE_CHECKING:  # type checkers and the API reference see them; at run time they load lazily

@@ -14,7 +14,10 @@ from kernelnotes.mhc.reference import amax_gain, gates, mhc_layer, mixes, sinkho
 
 _KERNEL_NAMES = ("MhcPre", "mhc_pre", "mhc_pre_from_mixes", "mhc_post", "split_fn")
 
-__all__ = ["reference", "amax_gain", "gates", "mhc_layer", "mixes", "sinkhorn", *_KERNEL_NAMES]
+__all__ = [  # literal, so documentation tools read it without running the module
+    "reference", "amax_gain", "gates", "mhc_layer", "mixes", "sinkhorn", "MhcPre", "mhc_pre",
+    "mhc_pre_from_mixes", "mhc_post", "split_fn",
+]
 
 
 if TYPE_CHECKING:  # type checkers and the API reference see them; at run time they load lazily

@@ -23,17 +23,9 @@ from kernelnotes.newton.reference import (
 
 _KERNEL_NAMES = ("sqrt", "rsqrt")
 
-__all__ = [
-    "NoConvergenceError",
-    "NonFiniteError",
-    "RootFindingError",
-    "ZeroDerivativeError",
-    "bisection",
-    "convergence_order",
-    "halley",
-    "newton",
-    "newton_system",
-    *_KERNEL_NAMES,
+__all__ = [  # literal, so documentation tools read it without running the module
+    "NoConvergenceError", "NonFiniteError", "RootFindingError", "ZeroDerivativeError", "bisection",
+    "convergence_order", "halley", "newton", "newton_system", "sqrt", "rsqrt",
 ]
 
 
