@@ -273,7 +273,10 @@ def test_autotuned_gpu(D, causal):
     """config=None: the autotuned path the benchmark times, both backward variants."""
     q, k, v, do = _inputs(2, 4, 4, 1000, 1000, D, torch.bfloat16)
     for deterministic in (True, False):
-        f = functools.partial(attn.flash_attention, deterministic=deterministic)
+        def f(q, k, v, causal, sm_scale, alignment, deterministic=deterministic):
+            return attn.flash_attention(q, k, v, is_causal=causal, scale=sm_scale,
+                                        causal_alignment=alignment, deterministic=deterministic)
+
         ours, math_ = _errors(f, q, k, v, do, causal)
         assert all(e <= 2 * m + UNIT_ROUNDOFF["bfloat16"] / 2
                    for e, m in zip(ours, math_, strict=True))

@@ -1007,8 +1007,9 @@ def _call(kind, ps, gs, states, step=3):
 
 def _compiled_matches_eager(kind, backend):
     """torch.compile(fullgraph=True) of a function that calls the public step: two calls (the
-    second with a new step count for Adam), the same parameters, state and loss as eager, bit
-    for bit."""
+    second with a new step count for Adam), the same parameters and state as eager, bit for bit
+    (the op runs the same kernel), and the same loss up to the order of its sum (inductor
+    generates its own reduction: within a few ulps of fp32)."""
     torch._dynamo.reset()  # a fresh cache: earlier compiles of _call must not count
     args = _op_inputs(kind)
     ps, gs, states = args[0], args[1], [list(t) for t in args[2:5] if isinstance(t, list)]
@@ -1018,7 +1019,13 @@ def _compiled_matches_eager(kind, backend):
     for step in (3, 4):
         want = _call(kind, eager[0], gs, eager[1], step)
         got = f(kind, comp[0], gs, comp[1], step)
-        assert torch.equal(got, want)
+        if backend == "aot_eager":
+            assert torch.equal(got, want)
+        else:
+            # n positive terms summed in a tree (torch's and inductor's GPU reductions both are)
+            # land within log2(n) u of the exact sum
+            n = sum(p.numel() for p in ps)
+            assert abs(got.item() - want.item()) <= 2 * math.log2(n) * U32 * want.item()
     for a, b in zip(eager[0] + sum(eager[1], []), comp[0] + sum(comp[1], []), strict=True):
         assert torch.equal(a, b)
 

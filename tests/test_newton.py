@@ -484,8 +484,10 @@ def _assert_grad_close(name: str, x: torch.Tensor, g: torch.Tensor) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["sqrt", "rsqrt"])
 def test_gradient_matches_float64_autograd(name, dtype):
-    # x in [1e-3, 1e3]: the gradients (up to 1.6e4 for rsqrt) stay normal in every dtype
-    x = _positive(size(301, 1 << 24), dtype=dtype)
+    # x in [1e-3, 1e3], fp16 [1e-3, 1e2]: the gradients stay normal numbers (rsqrt's reach 2.4e4;
+    # at x = 1e3 they fall to 7.9e-6, below fp16's smallest normal 6.1e-5, where a subnormal's
+    # relative spacing, not the formula, would set the error)
+    x = _positive(size(301, 1 << 24), dtype=dtype, hi=2.0 if dtype == torch.float16 else 3.0)
     g = (torch.rand(x.shape, generator=torch.Generator().manual_seed(1)) + 0.5).to(dtype)
     _assert_grad_close(name, x, g.to(DEVICE))
 

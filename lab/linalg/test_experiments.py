@@ -22,10 +22,12 @@ def test_shape_does_not_matter_only_the_condition_number():
 
 def test_a_large_residual_costs_qr_cond_squared_too():
     """With ||r|| = ||A x||, QR's error grows like u cond^2 (about 4 digits per factor 100 in
-    cond), as the normal equations' does; with a zero residual like u cond (about 2)."""
+    cond), as the normal equations' does; with a zero residual like u cond (about 2). The steps
+    are measured on random matrices, so they are tested with a margin: more than 3 against less
+    than 2.5 (one BLAS gave 3.4 for the step from 1e4 to 1e6)."""
     conds = np.array([1e2, 1e4, 1e6])
     big = digits_lost_with_residual(conds, residual=1.0)
     zero = digits_lost_with_residual(conds, residual=0.0)
-    assert big["QR"][2] - big["QR"][1] > 3.5 and zero["QR"][2] - zero["QR"][1] < 2.5
+    assert big["QR"][2] - big["QR"][1] > 3 and zero["QR"][2] - zero["QR"][1] < 2.5
     assert big["QR"][2] > zero["QR"][2] + 3
-    assert big["normal equations"][2] - big["normal equations"][1] > 3.5
+    assert big["normal equations"][2] - big["normal equations"][1] > 3

@@ -96,7 +96,12 @@ def interpreted(kernel) -> bool:
 
 def check_kernel_device(name: str, t, kernel) -> None:
     """Compiled Triton kernels need CUDA tensors; the interpreter (TRITON_INTERPRET=1) needs CPU
-    ones."""
+    ones. Skipped while torch.compile traces a caller: Dynamo cannot look at a kernel object, and
+    the op it traces to runs its launcher, which checks again, when the graph runs."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return
     if interpreted(kernel) and t.device.type != "cpu":
         raise ValueError(
             f"{name} is on {t.device}, but Triton runs in the interpreter (TRITON_INTERPRET=1): "
