@@ -61,7 +61,7 @@ def poison_(t):
 
 def poison_allocations(monkeypatch) -> None:
     """Make every ``torch.empty`` / ``torch.empty_like`` allocation start poisoned (see
-    :func:`poison_`) until ``monkeypatch.undo()``, so that an output element a launcher's kernel
+    `poison_`) until ``monkeypatch.undo()``, so that an output element a launcher's kernel
     fails to write shows."""
     import torch
 

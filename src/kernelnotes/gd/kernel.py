@@ -610,11 +610,11 @@ def adam_step_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor]
         decoupled_weight_decay: AdamW's decay instead of the L2 term.
         amsgrad: divide by the running maximum of v.
         maximize: step up the gradient instead of down.
-        config: as in :func:`sgd_step_`.
+        config: as in `sgd_step_`.
 
     Raises:
-        TypeError: as :func:`sgd_step_`, and a step that is not an int.
-        ValueError: as :func:`sgd_step_`, missing ``max_exp_avg_sqs`` with ``amsgrad``, and a
+        TypeError: as `sgd_step_`, and a step that is not an int.
+        ValueError: as `sgd_step_`, missing ``max_exp_avg_sqs`` with ``amsgrad``, and a
             step < 1.
         RuntimeError: a tensor requires grad while grad mode is on (the step has no backward).
     """

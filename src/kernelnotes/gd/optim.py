@@ -375,11 +375,11 @@ class Adam(_Fused):
         differentiable: must be False.
         fused: None or a bool (ignored).
         decoupled_weight_decay: AdamW's decay, ``p *= 1 - lr * weight_decay``.
-        config: as in :class:`SGD`.
+        config: as in `SGD`.
 
     Raises:
-        TypeError: as :class:`SGD`, and betas that are not a pair of numbers.
-        ValueError: as :class:`SGD`, betas of another length or outside [0, 1), a non-finite
+        TypeError: as `SGD`, and betas that are not a pair of numbers.
+        ValueError: as `SGD`, betas of another length or outside [0, 1), a non-finite
             or negative eps, ``capturable=True``.
         RuntimeError: ``fused=True`` together with ``foreach=True``, as torch.
     """
@@ -522,9 +522,9 @@ class Adam(_Fused):
 
 
 class AdamW(Adam):
-    """``torch.optim.AdamW``: :class:`Adam` with decoupled weight decay (default 1e-2).
+    """``torch.optim.AdamW``: `Adam` with decoupled weight decay (default 1e-2).
 
-    Same arguments, defaults, checks and state as :class:`Adam` (its param groups carry
+    Same arguments, defaults, checks and state as `Adam` (its param groups carry
     ``decoupled_weight_decay=True``, as torch's AdamW's do).
     """
 

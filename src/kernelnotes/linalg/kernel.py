@@ -653,14 +653,14 @@ _lstsq_op.register_autograd(_lstsq_backward, setup_context=_lstsq_setup)
 
 # --8<-- [start:api]
 class LUFactor(NamedTuple):
-    """What :func:`lu_factor` returns, as ``torch.linalg.lu_factor``."""
+    """What `lu_factor` returns, as ``torch.linalg.lu_factor``."""
 
     LU: torch.Tensor
     pivots: torch.Tensor
 
 
 class LUFactorEx(NamedTuple):
-    """What :func:`lu_factor_ex` returns, as ``torch.linalg.lu_factor_ex``."""
+    """What `lu_factor_ex` returns, as ``torch.linalg.lu_factor_ex``."""
 
     LU: torch.Tensor
     pivots: torch.Tensor
@@ -668,14 +668,14 @@ class LUFactorEx(NamedTuple):
 
 
 class QR(NamedTuple):
-    """What :func:`qr` returns, as ``torch.linalg.qr``."""
+    """What `qr` returns, as ``torch.linalg.qr``."""
 
     Q: torch.Tensor
     R: torch.Tensor
 
 
 class Lstsq(NamedTuple):
-    """What :func:`lstsq` returns, with the fields of ``torch.linalg.lstsq``."""
+    """What `lstsq` returns, with the fields of ``torch.linalg.lstsq``."""
 
     solution: torch.Tensor
     residuals: torch.Tensor
@@ -744,7 +744,7 @@ def lu_factor_ex(A: torch.Tensor, *, pivot: bool = True, check_errors: bool = Fa
 
 
 def lu_factor(A: torch.Tensor, *, pivot: bool = True) -> LUFactor:
-    """P A = L U with partial pivoting, as ``torch.linalg.lu_factor``: :func:`lu_factor_ex`
+    """P A = L U with partial pivoting, as ``torch.linalg.lu_factor``: `lu_factor_ex`
     without info, raising where A is singular.
 
     Args:
@@ -752,7 +752,7 @@ def lu_factor(A: torch.Tensor, *, pivot: bool = True) -> LUFactor:
         pivot: must be True.
 
     Returns:
-        ``LUFactor(LU, pivots)`` as in :func:`lu_factor_ex`.
+        ``LUFactor(LU, pivots)`` as in `lu_factor_ex`.
 
     Raises:
         TypeError: A is not a float32 tensor, or pivot is not a bool.
@@ -767,14 +767,14 @@ def lu_factor(A: torch.Tensor, *, pivot: bool = True) -> LUFactor:
 
 def lu_solve(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor, *, left: bool = True,
              adjoint: bool = False) -> torch.Tensor:
-    """X with A X = B from :func:`lu_factor`'s output, as ``torch.linalg.lu_solve``:
+    """X with A X = B from `lu_factor`'s output, as ``torch.linalg.lu_solve``:
     X = U^{-1} L^{-1} P B (LAPACK getrs).
 
     Differentiable with respect to B and LU (torch's formulas, in torch ops).
 
     Args:
         LU: [..., n, n] float32, 1 <= n <= 64, and pivots: [..., n] int32, as returned by
-            :func:`lu_factor`.
+            `lu_factor`.
         B: [..., n, k] float32, 1 <= k <= 64; batch shapes broadcast as in torch.
         left: must be True (X A = B is not supported).
         adjoint: must be False (A^T X = B is not supported).

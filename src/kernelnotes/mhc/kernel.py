@@ -785,7 +785,7 @@ def _(fn):
 
 # --8<-- [start:launchers]
 class MhcPre(NamedTuple):
-    """What :func:`mhc_pre` and :func:`mhc_pre_from_mixes` return."""
+    """What `mhc_pre` and `mhc_pre_from_mixes` return."""
 
     layer_input: torch.Tensor  # A_l X_l, [T, H] bfloat16
     post_mix: torch.Tensor  # C_l, [T, 4] float32
@@ -802,8 +802,8 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     arXiv:2512.24880, sec. 4.3.1): the projection runs on the un-normalised residual and is
     divided by the RMS afterwards. Three launches: fn split into bf16 hi + lo parts, a split-K
     projection that reads the residual once and writes ``dot_mix`` [S, T, 24] and
-    ``sqrsum`` [S, T], then the big-fuse kernel (see :func:`mhc_pre_from_mixes`). Given fn
-    already split by :func:`split_fn` (once, when the weights load), two launches, the same
+    ``sqrsum`` [S, T], then the big-fuse kernel (see `mhc_pre_from_mixes`). Given fn
+    already split by `split_fn` (once, when the weights load), two launches, the same
     bits. A ``kernelnotes::mhc_pre`` custom op: works under ``torch.compile`` and
     ``FakeTensorMode``, and is differentiable with respect to residual, fn, scale and base
     (the backward recomputes the projection and the gates with torch ops).
@@ -812,7 +812,7 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
         residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1, any H >= 1; CUDA (CPU under
             Triton's interpreter).
         fn: W^fused transposed, [24, 4H] float32, rows [pre 0..3 | post 4..7 | comb 8..23];
-            or its hi + lo parts from :func:`split_fn`, [2, 24, 4H] bfloat16. Non-finite
+            or its hi + lo parts from `split_fn`, [2, 24, 4H] bfloat16. Non-finite
             entries behave as in the float32 torch reference (an inf saturates its gate).
         scale: [3] float32, (alpha_pre, alpha_post, alpha_res).
         base: [24] float32, the static part S, one per slot.
@@ -865,7 +865,7 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
 
 
 def split_fn(fn: torch.Tensor) -> torch.Tensor:
-    """fn [24, 4H] float32 -> its bf16 hi and lo parts [2, 24, 4H], for :func:`mhc_pre`.
+    """fn [24, 4H] float32 -> its bf16 hi and lo parts [2, 24, 4H], for `mhc_pre`.
 
     fn = hi + lo to 2^-16 relative (hi is fn rounded to bf16, lo the remainder rounded): the
     projection's bf16 MMA, with both parts side by side, carries fn that exactly. ``mhc_pre``
@@ -883,7 +883,7 @@ def split_fn(fn: torch.Tensor) -> torch.Tensor:
         TypeError: fn is not a float32 tensor.
         ValueError: a wrong shape, a non-contiguous fn, a device the kernel cannot run on.
         RuntimeError: fn requires grad (the split has no backward: pass fn itself to
-            :func:`mhc_pre` to train it).
+            `mhc_pre` to train it).
     """
     check_tensor("fn", fn, dtypes=(torch.float32,), ndim=2, contiguous=True)
     _check_device("fn", fn)
@@ -903,7 +903,7 @@ def mhc_pre_from_mixes(dot_mix: torch.Tensor, sqrsum: torch.Tensor, residual: to
     """mhc_pre from a precomputed projection: FlashInfer's ``mhc_pre_big_fuse`` boundary.
 
     rstd = 1/sqrt(sum_s sqrsum[s] / (4H) + rms_eps); mixes = (sum_s dot_mix[s]) * rstd; then
-    pre/post gates, Sinkhorn and layer_input as :func:`mhc_pre`. One program per
+    pre/post gates, Sinkhorn and layer_input as `mhc_pre`. One program per
     (BLOCK_T tokens, BLOCK_H columns), after one metadata program (post gates and Sinkhorn) per
     META_T tokens. A ``kernelnotes::mhc_pre_from_mixes`` custom op, differentiable with
     respect to dot_mix, sqrsum, residual, scale and base.
@@ -912,9 +912,9 @@ def mhc_pre_from_mixes(dot_mix: torch.Tensor, sqrsum: torch.Tensor, residual: to
         dot_mix: x @ fn^T of the un-normalised flat residual, [T, 24] or split-K [S, T, 24],
             float32, contiguous.
         sqrsum: sum of x^2 per token, [T] or [S, T] (as dot_mix), float32, contiguous.
-        residual: X_l, [T, 4, H] bfloat16, as :func:`mhc_pre`.
+        residual: X_l, [T, 4, H] bfloat16, as `mhc_pre`.
         scale: [3] float32; base: [24] float32.
-        rms_eps, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters: as :func:`mhc_pre`.
+        rms_eps, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters: as `mhc_pre`.
         config: None (autotune on a GPU) or a dict with BLOCK_T, BLOCK_H, optional num_warps.
 
     Returns:
@@ -924,7 +924,7 @@ def mhc_pre_from_mixes(dot_mix: torch.Tensor, sqrsum: torch.Tensor, residual: to
     Raises:
         TypeError: an argument of the wrong type or dtype (named in the message).
         ValueError: shapes that do not match, empty or non-contiguous tensors, devices, eps
-            or config as :func:`mhc_pre`.
+            or config as `mhc_pre`.
     """
     _check_common(residual, scale, base, sinkhorn_iters, post_mult, rms_eps=rms_eps,
                   pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps)

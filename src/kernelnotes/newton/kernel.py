@@ -314,8 +314,8 @@ def rsqrt(input: Tensor, *, out: Tensor | None = None) -> Tensor:
     ``-grad * rsqrt(input)**3 / 2``, as torch's) and traceable by ``torch.compile``.
 
     Args:
-        input: as for :func:`sqrt`.
-        out: as for :func:`sqrt`.
+        input: as for `sqrt`.
+        out: as for `sqrt`.
 
     Returns:
         1/sqrt(input) in input's dtype, or ``out``: +-inf for +-0, 0 for inf, NaN for
