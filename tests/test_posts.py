@@ -107,3 +107,22 @@ def test_every_python_fence_is_collected_and_run(path):
     collected = [t for t in tokens if t.type == "fence"
                  and re.match(r"(\{ *\.)?python\b", t.info.strip())]
     assert len(collected) == written
+
+
+def test_pages_that_run_an_operator_section_register_their_own_copy():
+    """A page that executes a kernel's custom-operator section must register it under its own
+    namespace: registering kernelnotes::<op> again replaces the package's library while the
+    package still calls it (an intermittent segfault). The page sets NS before the include, so
+    NS must be assigned outside the section."""
+    for path in POSTS:
+        text = path.read_text(encoding="utf-8")
+        for src, section in re.findall(r'--8<-- "(src/[^":]+):([a-z_]+)"', text):
+            body = (ROOT / src).read_text(encoding="utf-8")
+            start = body.index(f"[start:{section}]")
+            code = body[start:body.index(f"[end:{section}]")]
+            if "torch.library.custom_op" not in code:
+                continue
+            assert '@torch.library.custom_op(f"{NS}::' in code and "\nNS =" not in code, \
+                (path.name, section)
+            before = text[:text.index(f'{src}:{section}"')].rsplit("```", 1)[-1]
+            assert re.search(r'^ *NS = "kernelnotes_page"', before, re.M), (path.name, section)

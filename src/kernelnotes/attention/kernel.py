@@ -818,13 +818,13 @@ def _launch_bwd(do, q, k, v, o, lse, causal: bool, causal_off: int, sm_scale: fl
 # --8<-- [end:launcher]
 
 
+NS = "kernelnotes"  # the operators' namespace: torch.ops.kernelnotes.flash_attn_fwd, ...
+
+
 # --8<-- [start:ops]
 # The forward and the backward are torch custom operators: torch.compile and FakeTensorMode see
 # their fake implementations (shapes only) instead of tracing into the launchers, and autograd
 # calls the backward op. Configs travel as lists of ints (_check_config).
-NS = "kernelnotes"  # the operators' namespace: torch.ops.kernelnotes.flash_attn_fwd, ...
-
-
 @torch.library.custom_op(f"{NS}::flash_attn_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
             causal_alignment: str, sm_scale: float, config: list[int] | None,
