@@ -98,3 +98,18 @@ def test_every_public_name_resolves_and_dir_lists_it(topic):
     assert missing == []
     for name in module.__all__:
         assert getattr(module, name) is not None
+
+
+def test_the_product_never_imports_the_lab():
+    """lab/ holds design studies; the package, its tests and the posts use none of it, and no
+    study module is left in src/ (the lab's code uses the package's public API, not the reverse)."""
+    import re
+
+    pattern = re.compile(r"^\s*(from|import)\s+lab(\.|\s|$)", re.M)
+    files = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
+             *(ROOT / "docs").rglob("*.md"), *(ROOT / "docs").rglob("*.py")]
+    offenders = [str(p.relative_to(ROOT)) for p in files if pattern.search(p.read_text())]
+    assert offenders == []
+    studies = {"onepass.py", "pipelined.py", "pingpong.py", "experiments.py"}
+    assert not [p for p in (ROOT / "src").rglob("*.py") if p.name in studies]
+    assert (ROOT / "lab").is_dir() and sorted((ROOT / "lab").glob("*/NOTES.md"))
