@@ -112,18 +112,3 @@ def check_kernel_device(name: str, t, kernel) -> None:
             f"{name} is on {t.device}; compiled Triton kernels need a CUDA tensor "
             "(set TRITON_INTERPRET=1 before importing triton to run them on the CPU)"
         )
-
-
-def check_hopper(name: str, t, caller: str, needs: str) -> None:
-    """Gluon kernels written for Hopper need a CUDA tensor on an sm_90 GPU: ``needs`` says for
-    what (wgmma, TMA). Triton's interpreter does not run Gluon kernels."""
-    import torch
-
-    if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
-        where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name} is on {where}: {caller} needs a CUDA tensor on a Hopper GPU "
-                         "(Gluon kernels do not run in Triton's interpreter)")
-    major, minor = torch.cuda.get_device_capability(t.device)
-    if major != 9:
-        raise ValueError(f"{name} is on an sm_{major}{minor} GPU: {caller} needs Hopper (sm_90), "
-                         f"for its {needs}")
