@@ -696,6 +696,15 @@ def _check_matrix(name: str, t, max_rows: int, max_cols: int, kernel) -> None:
     check_kernel_device(name, t, kernel)
 
 
+def _batch_shape(name: str, M: torch.Tensor, B: torch.Tensor) -> torch.Size:
+    """The broadcast batch shape of matrix M and right-hand sides B, or a ValueError naming both."""
+    try:
+        return torch.broadcast_shapes(M.shape[:-2], B.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"B's batch shape {tuple(B.shape[:-2])} does not broadcast with {name}'s "
+                         f"{tuple(M.shape[:-2])}") from None
+
+
 def _check_square(name: str, t, kernel) -> int:
     """t [..., n, n] float32 with 1 <= n <= MAX_N on kernel's device; returns n."""
     _check_matrix(name, t, MAX_N, MAX_N, kernel)
@@ -802,11 +811,7 @@ def lu_solve(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor, *, left: b
     if B.shape[-2] != n or not 1 <= B.shape[-1] <= MAX_K:
         raise ValueError(f"B must be [..., {n}, k] with 1 <= k <= {MAX_K}, "
                          f"got shape {tuple(B.shape)}")
-    try:
-        batch = torch.broadcast_shapes(LU.shape[:-2], B.shape[:-2])
-    except RuntimeError:
-        raise ValueError(f"B's batch shape {tuple(B.shape[:-2])} does not broadcast with LU's "
-                         f"{tuple(LU.shape[:-2])}") from None
+    batch = _batch_shape("LU", LU, B)
     LU = LU.expand(*batch, n, n)
     pivots = pivots.expand(*batch, n)
     B = B.expand(*batch, *B.shape[-2:])
@@ -889,11 +894,7 @@ def lstsq(A: torch.Tensor, B: torch.Tensor, rcond: float | None = None, *,
     if B.ndim < 2 or B.shape[-2] != m or not 1 <= B.shape[-1] <= MAX_K:
         raise ValueError(f"B must be [..., {m}, k] with 1 <= k <= {MAX_K} or [..., {m}], "
                          f"got shape {tuple(B.shape[:-1] if vector else B.shape)}")
-    try:
-        batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
-    except RuntimeError:
-        raise ValueError(f"B's batch shape {tuple(B.shape[:-2])} does not broadcast with A's "
-                         f"{tuple(A.shape[:-2])}") from None
+    batch = _batch_shape("A", A, B)
     tol = max(m, n) * EPS_FP32 if rcond is None else check_real("rcond", rcond,
                                                                "a finite number >= 0")
     A = A.expand(*batch, m, n)
