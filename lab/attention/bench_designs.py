@@ -1,0 +1,163 @@
+"""The forward designs of lab/attention beside the product's kernel, cuDNN and FlashAttention-2.
+
+Issue 56's points: bf16, H = 16 heads, B = 65536 / N, D in {64, 128}, N in {1k, 4k, 16k}, causal
+and not; forward FLOPs 4 B H N^2 D, halved when causal. Implementations:
+  - ``triton_fa2``: ``kernelnotes.attention.flash_attention`` (the product, autotuned);
+  - ``ws_tl:<config>``: lab/attention/ws_tl.py, Triton's automatic warp specialisation;
+  - ``fa3_gluon:<config>``: lab/attention/fa3_gluon.py, producer warp + ping-pong warpgroups;
+  - ``sdpa_cudnn`` and ``sdpa_flash``: torch SDPA's cuDNN and FlashAttention-2 backends.
+Each design and config is first run once in a child process with a time limit (a kernel whose
+barriers deadlock would otherwise hang the run) and checked against a float64 reference at
+N = 1024: its relative error must be within 2x SDPA's own bf16 error, or it is not timed.
+Write ``lab/attention/results/designs.json`` with ``python -m benchmarks --lab attention designs``.
+Nothing runs at import.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+H, TOKENS = 16, 65536
+SIZES = {True: ((128,), (4096,)), False: ((64, 128), (1024, 4096, 16384))}
+TIMING = dict(rounds=3, warmup_ms=25, rep_ms=70)
+PROBE_TIMEOUT_S = 120
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _designs() -> dict:
+    """{name: fn(q, k, v, causal) -> o} of every lab design and config that imports."""
+    out = {}
+    from lab.attention import ws_tl
+
+    for c in ws_tl.CONFIGS:
+        out[f"ws_tl:{c}"] = functools.partial(_first, ws_tl.attention_ws, config=c)
+    try:
+        from lab.attention import fa3_gluon
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        print(f"fa3_gluon does not import: {type(e).__name__}: {e}", flush=True)
+        return out
+    configs = fa3_gluon.CONFIGS
+    for c in (configs if isinstance(configs, dict) else range(len(configs))):
+        out[f"fa3_gluon:{c}"] = functools.partial(_first, fa3_gluon.attention_fa3,
+                                                  config=configs[c])
+    return out
+
+
+def _first(fn, q, k, v, causal, **kw):
+    """The output of a design that returns (o, lse)."""
+    return fn(q, k, v, causal, **kw)[0]
+
+
+def _peers(causal: bool) -> dict:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernelnotes.attention import flash_attention
+
+    def sdpa(backend):
+        def fn(q, k, v, causal=causal):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return fn
+
+    return {"triton_fa2": lambda q, k, v, causal=causal: flash_attention(q, k, v,
+                                                                          is_causal=causal),
+            "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+            "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION)}
+
+
+def _rel_err(o, ref) -> float:
+    return float((o.double() - ref).norm() / ref.norm())
+
+
+def probe(name: str) -> dict:
+    """Run one implementation at every D and causal on N = 1024 (B = 2): its error against a
+    float64 reference beside SDPA flash's bf16 error. Runs in the child process."""
+    import torch
+
+    fns = _designs()
+    out = {"impl": name, "checks": []}
+    for D in (64, 128):
+        for causal in (False, True):
+            g = torch.Generator(device="cuda").manual_seed(1)
+            q, k, v = (torch.randn(2, H, 1024, D, device="cuda", generator=g).bfloat16()
+                       for _ in range(3))
+            s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(D)
+            if causal:
+                s = s.masked_fill(torch.ones(1024, 1024, dtype=torch.bool,
+                                             device="cuda").triu(1), -math.inf)
+            ref = torch.softmax(s, -1) @ v.double()
+            o = fns[name](q, k, v, causal)
+            err = _rel_err(o, ref)
+            base = _rel_err(_peers(causal)["sdpa_flash"](q, k, v), ref)
+            out["checks"].append({"D": D, "causal": causal, "rel_err": err, "sdpa_rel_err": base,
+                                  "ok": bool(math.isfinite(err) and err <= 2 * base)})
+    out["ok"] = all(c["ok"] for c in out["checks"])
+    return out
+
+
+def _probe_child(name: str) -> dict:
+    code = ("import json, sys; from lab.attention.bench_designs import probe; "
+            f"print(json.dumps(probe({name!r})))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"impl": name, "ok": False, "error": f"no result in {PROBE_TIMEOUT_S} s (hang?)"}
+    if proc.returncode != 0:
+        return {"impl": name, "ok": False, "error": proc.stderr.strip()[-600:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool) -> list[dict]:
+    import time
+
+    import torch
+
+    from benchmarks._harness import bench_interleaved
+
+    t0 = time.perf_counter()
+    rows, usable = [], []
+    for name in _designs():
+        result = _probe_child(name)
+        rows.append(dict(result, **{"pass": "check"}))
+        ratios = [round(c["rel_err"] / c["sdpa_rel_err"], 2) for c in result.get("checks", [])]
+        print(f"check {name}: {'ok' if result['ok'] else 'FAILED'} "
+              f"{result.get('error', '') or ratios}", flush=True)
+        if result["ok"]:
+            usable.append(name)
+    designs = _designs()
+    Ds, Ns = SIZES[quick]
+    for D in Ds:
+        for N in Ns:
+            B = TOKENS // N
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(0)
+                q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16,
+                                       generator=g) for _ in range(3))
+                fns = {name: functools.partial(fn, q, k, v) for name, fn in _peers(causal).items()}
+                fns.update({name: functools.partial(designs[name], q, k, v, causal)
+                            for name in usable})
+                with torch.no_grad():
+                    for fn in fns.values():  # compile and autotune outside the timing
+                        fn()
+                    timed = bench_interleaved(fns, **TIMING)
+                flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)
+                cudnn = timed["sdpa_cudnn"][0]
+                for name, (p50, p20, p80) in timed.items():
+                    rows.append({"impl": name, "pass": "fwd", "D": D, "N": N, "B": B, "H": H,
+                                 "causal": causal, "dtype": "bfloat16", "ms": p50,
+                                 "ms_p20": p20, "ms_p80": p80,
+                                 "tflops": flops / (p50 * 1e-3) / 1e12,
+                                 "x_cudnn": cudnn / p50})
+                print(f"D={D} N={N} causal={causal}: " + ", ".join(
+                    f"{n} {cudnn / t[0]:.3f}" for n, t in timed.items()), flush=True)
+                del q, k, v, fns
+                torch.cuda.empty_cache()
+    rows.append({"impl": "all", "pass": "total", "elapsed_s": round(time.perf_counter() - t0, 1)})
+    return rows
