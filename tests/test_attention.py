@@ -1066,3 +1066,151 @@ def test_bad_input_reference(fn, kind, build, expected):
         w = o.detach().numpy()
         np.testing.assert_array_equal(np.isnan(got[0]), np.isnan(w))
         np.testing.assert_allclose(got[0][~np.isnan(w)], w[~np.isnan(w)], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------- the Hopper forward (hopper.py)
+def _hopper():
+    from kernelnotes.attention import hopper
+
+    return hopper
+
+
+def test_hopper_takes_only_the_shapes_it_serves():
+    """flash_attention sends the D = 128 forward to hopper.py only on sm_90, for bf16/fp16 with
+    Nq = Nk a multiple of 128, k and v matching (GQA allowed) and the top-left mask; the same
+    inputs on another GPU, or any other shape, keep kernel.py's forward."""
+    h = _hopper()
+    t = lambda *shape, dtype=torch.bfloat16: torch.zeros(*shape, dtype=dtype)  # noqa: E731
+    q, kv = t(2, 4, 256, 128), t(2, 2, 256, 128)
+    assert h.takes(q, kv, kv, 0, (9, 0)) and h.takes(q.half(), kv.half(), kv.half(), 0, (9, 0))
+    assert not h.takes(q, kv, kv, 0, (8, 0)) and not h.takes(q, kv, kv, 0, (10, 0))
+    assert not h.takes(q, kv, kv, 0)  # CPU tensors: no capability to read
+    refused = [
+        (t(2, 4, 256, 64), t(2, 2, 256, 64), t(2, 2, 256, 64), 0),  # D = 64: kernel.py is faster
+        (t(2, 4, 200, 128), t(2, 2, 200, 128), t(2, 2, 200, 128), 0),  # N % 128
+        (q, t(2, 2, 384, 128), t(2, 2, 384, 128), 0),  # Nq != Nk
+        (q, t(2, 3, 256, 128), t(2, 3, 256, 128), 0),  # Hkv does not divide Hq
+        (q.float(), kv.float(), kv.float(), 0),  # float32
+        (q, kv, kv, 5),  # a shifted causal mask
+        (q, kv, t(2, 2, 256, 128, dtype=torch.float16), 0),  # mixed dtypes
+    ]
+    for a, b, c, off in refused:
+        assert not h.takes(a, b, c, off, (9, 0))
+
+
+def test_hopper_refusals_name_the_argument():
+    h = _hopper()
+    good = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    cases = [
+        ((good.float(), good.float(), good.float()), {}, ValueError, r"q has dtype"),
+        ((good, good.half(), good), {}, ValueError, r"k must have q's dtype"),
+        ((torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16),) * 3, {}, ValueError, r"D=96"),
+        ((torch.zeros(1, 2, 200, 128, dtype=torch.bfloat16),) * 3, {}, ValueError, r"N=200"),
+        ((good, good[:, :, :128], good[:, :, :128]), {}, ValueError, r"k and v must be"),
+        ((good, good[:, :1], good), {}, ValueError, r"k and v must be"),
+        ((good.transpose(2, 3).contiguous().transpose(2, 3), good, good), {}, ValueError,
+         r"q must be contiguous"),
+        ((good, good, good), dict(causal=1), TypeError, r"causal must be a bool"),
+        ((good, good, good), dict(sm_scale=-1.0), ValueError, r"sm_scale must be"),
+        ((good, good, good), dict(config=(64, 128, 2, True)), TypeError, r"config must be"),
+        ((good, good, good), {}, ValueError, r"q is on cpu: fa3_forward needs CUDA tensors"),
+        (("q", good, good), {}, TypeError, r"q must be a torch.Tensor"),
+    ]
+    for args, kw, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            h.fa3_forward(*args, **kw)
+
+
+def test_hopper_forward_compiles_for_sm90_without_a_gpu():
+    """The default configuration, causal and not, compiled for sm_90 with the installed Triton:
+    12 warps (two consumer warpgroups and the producer's warp padded to a warpgroup), setmaxnreg
+    giving the consumers 240 registers and the producer 24, its tiles within a block's shared
+    memory."""
+    from tests._offline import compiled_offline
+
+    code = r"""
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from kernelnotes.attention import hopper as h
+cfg, out = h.DEFAULT_CONFIG, []
+def desc(rows):
+    layout = gl.NVMMASharedLayout.get_default_for([rows, 128], gl.bfloat16)
+    return f"tensordesc<bf16[{rows}, 128],{layout}>"
+for causal in (False, True):
+    cx = dict(CAUSAL=causal, STAGES=cfg.stages, OVERLAP=cfg.overlap)
+    sig = dict(q_desc=desc(cfg.block_m), k_desc=desc(cfg.block_n), v_desc=desc(cfg.block_n),
+               o_ptr="*bf16", lse_ptr="*fp32", N="i32", GROUP="i32", qk_scale="fp32",
+               LPT_HEADS="i32", **{k: "constexpr" for k in cx})
+    ck = triton.compile(GluonASTSource(fn=h._fa3_fwd_kernel, signature=sig, constexprs=cx),
+                        target=GPUTarget("cuda", 90, 32),
+                        options=dict(num_warps=h.CONSUMER_WARPS.value))
+    regs = re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ck.asm["ptx"])
+    out.append(dict(warps=ck.metadata.num_warps, shared=ck.metadata.shared,
+                    regs=sorted({int(r) for r in regs})))
+print(json.dumps(out))
+"""
+    h = _hopper()
+    for row in compiled_offline(code):
+        assert row["warps"] == 12 and {240, 24} <= set(row["regs"]), row
+        assert h.DEFAULT_CONFIG.shared_bytes(128) <= row["shared"] <= h.MAX_SHARED_BYTES, row
+
+
+def _lse_f64(q, k, causal, sm_scale=None):
+    g = q.shape[1] // k.shape[1]
+    sm_scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = sm_scale * q.double() @ k.double().repeat_interleave(g, 1).transpose(-1, -2)
+    if causal:
+        s = s.masked_fill(~_mask(q.shape[2], k.shape[2]).to(q.device), -torch.inf)
+    return torch.logsumexp(s, -1)
+
+
+HOPPER_LSE_TOL = 1e-5  # lse from fp32 scores: a dropped key tile or a wrong mask moves it ~1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [256, 1024])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D,dtype", [(128, torch.bfloat16), (128, torch.float16),
+                                     (64, torch.bfloat16)])
+def test_hopper_forward_matches_float64(D, dtype, causal, N, monkeypatch):
+    """Every configuration, GQA (4 query heads on 2 key/value heads), NaN-poisoned outputs: o
+    within 2x PyTorch's math attention in the same precision (+ u/2), lse against float64."""
+    h = _hopper()
+    q, k, v, _ = _inputs(2, 4, 2, N, N, D, dtype, seed=5)
+    o64 = attention_f64(q, k, v, causal)
+    e_math = _err(attention_math(q, k, v, causal), o64)
+    lse64 = _lse_f64(q, k, causal)
+    u = UNIT_ROUNDOFF[dtype_name(dtype)]
+    for cfg in h.CONFIGS:
+        poison_allocations(monkeypatch)
+        o, lse = h.fa3_forward(q, k, v, causal, config=cfg)
+        monkeypatch.undo()
+        assert o.shape == q.shape and o.dtype == dtype and lse.shape == (2, 4, N)
+        assert not o.isnan().any() and not lse.isnan().any()
+        assert _err(o, o64) <= 2 * e_math + u / 2, (cfg, _err(o, o64), e_math)
+        assert rel_err(lse, lse64) <= HOPPER_LSE_TOL, cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_at_d128_runs_the_hopper_forward(causal):
+    """On an H100/H200 flash_attention's D = 128 forward is hopper.fa3_forward's, bit for bit,
+    and the FlashAttention-2 backward built on its lse gives gradients within 2x math attention's
+    error against float64."""
+    assert torch.cuda.get_device_capability()[0] == 9, "the GPU suite runs on Hopper"
+    h = _hopper()
+    q, k, v, do = _inputs(2, 4, 2, 1024, 1024, 128, torch.bfloat16, seed=7)
+    o_h, lse_h = h.fa3_forward(q, k, v, causal)
+    o, lse = kernel.flash_attn_fwd(q, k, v, causal=causal)
+    assert torch.equal(o, o_h) and torch.equal(lse, lse_h)
+    assert torch.equal(attn.flash_attention(q, k, v, is_causal=causal, enable_gqa=True), o_h)
+
+    def f(q, k, v, causal, sm_scale, alignment):
+        return attn.flash_attention(q, k, v, is_causal=causal, scale=sm_scale, enable_gqa=True,
+                                    causal_alignment=alignment)
+
+    ours, math_ = _errors(f, q, k, v, do, causal)
+    for name, e, e_math in zip(("o", "dq", "dk", "dv"), ours, math_, strict=True):
+        assert e <= 2 * e_math + UNIT_ROUNDOFF["bfloat16"] / 2, (name, e, e_math)

@@ -1,4 +1,4 @@
-"""Compile every configuration of lab/attention/fa3_gluon.py for sm_90 without a GPU.
+"""Compile every configuration of kernelnotes.attention.hopper for sm_90 without a GPU.
 
     PYTHONPATH=src:. python lab/attention/aot_check.py [--json]
 
@@ -31,7 +31,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 from triton.runtime.jit import mangle_type  # noqa: E402
 
-from lab.attention import fa3_gluon as fa3  # noqa: E402
+from kernelnotes.attention import hopper as fa3  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 N_PROBE = 4096  # the sequence length of the fake descriptors (its value is not compiled in)
@@ -86,7 +86,8 @@ def compile_one(cfg: fa3.Config, head_dim: int, causal: bool) -> dict:
     cx = dict(CAUSAL=causal, STAGES=cfg.stages, OVERLAP=cfg.overlap)
     sig = dict(q_desc=_desc_type(cfg.block_m, head_dim), k_desc=_desc_type(cfg.block_n, head_dim),
                v_desc=_desc_type(cfg.block_n, head_dim), o_ptr="*bf16", lse_ptr="*fp32",
-               N="i32", qk_scale="fp32", LPT_HEADS="i32", **{k: "constexpr" for k in cx})
+               N="i32", GROUP="i32", qk_scale="fp32", LPT_HEADS="i32",
+               **{k: "constexpr" for k in cx})
     try:
         ck = triton.compile(GluonASTSource(fn=fa3._fa3_fwd_kernel, signature=sig, constexprs=cx),
                             target=TARGET, options=dict(num_warps=fa3.CONSUMER_WARPS.value))

@@ -4,7 +4,9 @@ Issue 56's points: bf16, H = 16 heads, B = 65536 / N, D in {64, 128}, N in {1k, 
 and not; forward FLOPs 4 B H N^2 D, halved when causal. Implementations:
   - ``triton_fa2``: ``kernelnotes.attention.flash_attention`` (the product, autotuned);
   - ``ws_tl:<config>``: lab/attention/ws_tl.py, Triton's automatic warp specialisation;
-  - ``fa3_gluon:<config>``: lab/attention/fa3_gluon.py, producer warp + ping-pong warpgroups;
+  - ``fa3_gluon:<i>``: ``kernelnotes.attention.hopper.fa3_forward`` with ``CONFIGS[i]``, the
+    producer warp and ping-pong warpgroups (design B of NOTES.md, now the product's D = 128
+    forward on Hopper; ``triton_fa2`` runs it too where it applies);
   - ``sdpa_cudnn`` and ``sdpa_flash``: torch SDPA's cuDNN and FlashAttention-2 backends.
 Each design and config is first run once in a child process with a time limit (a kernel whose
 barriers deadlock would otherwise hang the run) and checked against a float64 reference at
@@ -36,15 +38,10 @@ def _designs() -> dict:
 
     for c in ws_tl.CONFIGS:
         out[f"ws_tl:{c}"] = functools.partial(_first, ws_tl.attention_ws, config=c)
-    try:
-        from lab.attention import fa3_gluon
-    except Exception as e:  # noqa: BLE001 - reported, not fatal
-        print(f"fa3_gluon does not import: {type(e).__name__}: {e}", flush=True)
-        return out
-    configs = fa3_gluon.CONFIGS
-    for c in (configs if isinstance(configs, dict) else range(len(configs))):
-        out[f"fa3_gluon:{c}"] = functools.partial(_first, fa3_gluon.attention_fa3,
-                                                  config=configs[c])
+    from kernelnotes.attention import hopper
+
+    for c, cfg in enumerate(hopper.CONFIGS):
+        out[f"fa3_gluon:{c}"] = functools.partial(_first, hopper.fa3_forward, config=cfg)
     return out
 
 

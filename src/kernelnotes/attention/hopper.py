@@ -1,10 +1,10 @@
-"""A FlashAttention-3-style forward pass for Hopper, in Gluon: a design study.
+"""The Hopper forward for D = 128: FlashAttention-3's schedule, in Gluon.
 
-``kernelnotes.attention``'s forward is a ``tl`` kernel (FlashAttention-2's algorithm with a
-software-pipelined TMA loop) that reaches about 0.8-0.9x cuDNN's forward at D = 128 on an H200.
-FlashAttention-3 (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608) closes
-that gap on Hopper with three ideas, which ``tl`` cannot ask for and Gluon
-(``triton.experimental.gluon``, Triton's lower-level dialect) can say:
+``kernel.py``'s forward is a ``tl`` kernel (FlashAttention-2's algorithm). On a Hopper GPU
+(sm_90) at D = 128 ``flash_attention`` runs this one instead, which adds the three ideas of
+FlashAttention-3 (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024, arXiv:2407.08608) that
+``tl`` cannot ask for and Gluon (``triton.experimental.gluon``, Triton's lower-level dialect) can
+say:
 
 1. **Warp specialisation.** One producer warp only issues TMA loads: each consumer
    warpgroup's query tile once, then the key and value tiles through a ring of ``stages``
@@ -21,14 +21,15 @@ that gap on Hopper with three ideas, which ``tl`` cannot ask for and Gluon
    while P_{j-1} V_{j-1} is still on the tensor cores. P goes to the second ``wgmma`` straight
    from registers (its A operand in a ``DotOperandLayout``), never through shared memory.
 
-Conventions follow ``kernelnotes.attention``: scores in the log2 domain (``qk_scale = sm_scale *
-log2 e``, ``exp2``), the returned log-sum-exp in natural log. Causal attention is top-left (query
-i sees key j iff j <= i, as SDPA's ``is_causal``): key tiles past the diagonal are skipped and only
-the diagonal tile is masked; causal programs run longest first.
+Conventions follow ``kernel.py``: scores in the log2 domain (``qk_scale = sm_scale * log2 e``,
+``exp2``), the returned log-sum-exp in natural log, grouped-query attention by reading key/value
+head ``h // (Hq / Hkv)``. Causal attention is top-left (query i sees key j iff j <= i, as SDPA's
+``is_causal``; with Nq = Nk bottom-right is the same mask): key tiles past the diagonal are
+skipped and only the diagonal tile is masked; causal programs run longest first.
 
-Needs a Hopper GPU (sm_90): Gluon kernels do not run in Triton's interpreter. Written for Triton
-3.6 (the API names it renamed later are looked up at import). Uses the package's public API only,
-and nothing in ``src/`` imports it. lab/attention/aot_check.py compiles every configuration for
+Needs a Hopper GPU: Gluon kernels do not run in Triton's interpreter. Written for Triton 3.6
+(the API names it renamed later are looked up at import). lab/attention/ holds the design study
+that led here (NOTES.md) and lab/attention/aot_check.py, which compiles every configuration for
 sm_90 without a GPU.
 """
 
@@ -98,9 +99,10 @@ CONFIGS = [
 ]
 
 
-# What attention_fa3 uses when given no config: FlashAttention-3's shape for D = 128 (64 query
-# rows a warpgroup, 128-key tiles, intra-warpgroup overlap), with a two-stage ring
-DEFAULT_CONFIG = CONFIGS[1]
+# What fa3_forward uses when given no config: FlashAttention-3's shape for D = 128 (64 query
+# rows a warpgroup, 128-key tiles, intra-warpgroup overlap) with a three-stage ring, the fastest
+# of CONFIGS at D = 128 in lab/attention/results/designs.json (H200)
+DEFAULT_CONFIG = CONFIGS[2]
 
 
 # --8<-- [start:fa3_tile_order]
@@ -141,7 +143,7 @@ def _key_tiles(row0, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl
 # --8<-- [start:fa3_producer]
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, empty,
-              N, LPT_HEADS, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+              N, GROUP, LPT_HEADS, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """One warp: TMA loads of the two query tiles, then of every key tile either consumer
     warpgroup reads (the union: the second warpgroup's rows are later, so it reads at least as
     many) with its value tile, into stage j % STAGES. A stage is refilled once both warpgroups
@@ -154,7 +156,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, 
         mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
         _tma_load(q_desc, [row0 + wg * BLOCK_M, 0], q_ready.index(wg), q_smem.index(wg))
     _, n_all = _key_tiles(pid_m * (2 * BLOCK_M) + BLOCK_M, N, BLOCK_M, BLOCK_N, CAUSAL)
-    kv_row0 = pid_bh * N
+    kv_row0 = (pid_bh // GROUP) * N  # b * Hq + h -> b * Hkv + h // GROUP: the shared K, V head
     for j in range(n_all):
         s = j % STAGES
         mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # the first round passes
@@ -332,14 +334,14 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, empty, turn, o_
 
 # --8<-- [start:fa3_kernel]
 @gluon.jit
-def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, N, qk_scale, LPT_HEADS,
+def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, N, GROUP, qk_scale, LPT_HEADS,
                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):
     """One program: 2 x BLOCK_M query rows of one head. Its four warps are consumer warpgroup
     0; worker partitions add consumer warpgroup 1 (four warps) and the producer (one warp).
 
-    q_desc, k_desc, v_desc: TMA descriptors of q, k, v viewed as [B * H * N, D] (contiguous),
-    blocks [BLOCK_M, D], [BLOCK_N, D], [BLOCK_N, D]. o_ptr: [B * H * N, D] in q's dtype;
-    lse_ptr: [B * H * N] float32."""
+    q_desc, k_desc, v_desc: TMA descriptors of q viewed as [B * Hq * N, D] and k, v as
+    [B * Hkv * N, D] (contiguous), blocks [BLOCK_M, D], [BLOCK_N, D], [BLOCK_N, D]; GROUP =
+    Hq // Hkv. o_ptr: [B * Hq * N, D] in q's dtype; lse_ptr: [B * Hq * N] float32."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
                                        q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
@@ -365,7 +367,7 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, N, qk_scale, LPT_HEA
         (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, empty, turn, o_ptr,
                      lse_ptr, N, qk_scale, LPT_HEADS, CAUSAL, STAGES, OVERLAP, 1)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
-                     empty, N, LPT_HEADS, CAUSAL, STAGES)),
+                     empty, N, GROUP, LPT_HEADS, CAUSAL, STAGES)),
     ], [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 # --8<-- [end:fa3_kernel]
 
@@ -379,47 +381,69 @@ def _lpt_heads(n_heads: int, N: int, D: int, elem_bytes: int) -> int:
     return max(1, min(n_heads, LPT_L2_BYTES // (2 * N * D * elem_bytes)))
 
 
+def takes(q, k, v, causal_off: int = 0, capability: tuple[int, int] | None = None) -> bool:
+    """Whether ``flash_attention``'s forward goes through this kernel: D = 128, bf16 or fp16,
+    k and v of q's B, N and D (Nq = Nk, a positive multiple of 128) with Hkv dividing Hq, the
+    top-left mask (causal_off = 0, which with Nq = Nk is also the bottom-right one), a grid that
+    fits, on a Hopper GPU: ``capability`` (9, x), or None to read q's CUDA device. Everything else
+    keeps kernel.py's forward."""
+    B, Hq, Nq, D = q.shape
+    Hkv = k.shape[1]
+    if not (D == 128 and q.dtype in (torch.bfloat16, torch.float16)
+            and k.dtype == v.dtype == q.dtype and k.shape == v.shape
+            and k.shape[0] == B and k.shape[2:] == q.shape[2:] and Hkv > 0 and Hq % Hkv == 0
+            and Nq > 0 and Nq % ROW_MULTIPLE == 0 and causal_off == 0 and 0 < B * Hq <= 65535):
+        return False
+    if capability is None:
+        if q.device.type != "cuda":
+            return False
+        capability = torch.cuda.get_device_capability(q.device)
+    return capability[0] == 9
+
+
 def _check_inputs(q, k, v, causal, sm_scale, config):
     """Refuse what the kernel does not take, naming the argument. Types, dtypes and shapes come
     before the device, so that the refusals can be tested with CPU tensors."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"{name} has dtype {t.dtype}: attention_fa3 takes bfloat16 or "
+            raise ValueError(f"{name} has dtype {t.dtype}: fa3_forward takes bfloat16 or "
                              "float16")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype or t.device != q.device:
             raise ValueError(f"{name} must have q's dtype and device ({q.dtype} on {q.device}), "
                              f"got {t.dtype} on {t.device}")
-    if q.ndim != 4:
-        raise ValueError(f"q must be [B, H, N, D], got shape {tuple(q.shape)}")
-    for name, t in (("k", k), ("v", v)):
-        if t.shape != q.shape:
-            raise ValueError(f"{name} must have q's shape {tuple(q.shape)} (no grouped-query "
-                             f"attention, Nq = Nk), got {tuple(t.shape)}")
+    if q.ndim != 4 or k.ndim != 4:
+        raise ValueError(f"q and k must be [B, H, N, D], got shapes {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
     B, H, N, D = q.shape
+    Hkv = k.shape[1]
+    if v.shape != k.shape or k.shape[0] != B or k.shape[2:] != q.shape[2:] or Hkv == 0 \
+            or H % Hkv:
+        raise ValueError(f"k and v must be [B, Hkv, N, D] with q's B, N and D and Hkv dividing "
+                         f"q's H (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
     if D not in HEAD_DIMS:
-        raise ValueError(f"q has head dim D={D}: attention_fa3 takes D in {HEAD_DIMS} (q has "
+        raise ValueError(f"q has head dim D={D}: fa3_forward takes D in {HEAD_DIMS} (q has "
                          f"shape {tuple(q.shape)})")
     if N == 0 or N % ROW_MULTIPLE != 0:
-        raise ValueError(f"q has sequence length N={N}: attention_fa3 needs a positive multiple "
+        raise ValueError(f"q has sequence length N={N}: fa3_forward needs a positive multiple "
                          f"of {ROW_MULTIPLE} (q has shape {tuple(q.shape)})")
     if B * H == 0 or B * H > 65535:  # the batch-head index is the grid's second axis
-        raise ValueError(f"q has B * H = {B * H}: attention_fa3 needs 1 .. 65535 (q has shape "
+        raise ValueError(f"q has B * H = {B * H}: fa3_forward needs 1 .. 65535 (q has shape "
                          f"{tuple(q.shape)})")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the TMA descriptors read it as "
                              f"[B * H * N, D]), got strides {tuple(t.stride())}")
     if not isinstance(causal, bool):
-        raise ValueError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
-    if sm_scale is not None and not (isinstance(sm_scale, (int, float))
-                                     and math.isfinite(sm_scale) and sm_scale > 0):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    if sm_scale is not None and (isinstance(sm_scale, bool) or not (
+            isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale) and sm_scale > 0)):
         raise ValueError(f"sm_scale must be a positive finite float or None, got {sm_scale!r}")
     if config is not None:
         if not isinstance(config, Config):
-            raise ValueError(f"config must be a Config (see CONFIGS) or None, got {config!r}")
+            raise TypeError(f"config must be a Config (see CONFIGS) or None, got {config!r}")
         if N % config.block_n != 0:
             raise ValueError(f"config {config} needs N a multiple of block_n={config.block_n}, "
                              f"got N={N}")
@@ -427,31 +451,34 @@ def _check_inputs(q, k, v, causal, sm_scale, config):
             raise ValueError(f"config {config} needs {config.shared_bytes(D)} bytes of shared "
                              f"memory at D={D}: more than the {MAX_SHARED_BYTES} a block has")
     if q.device.type != "cuda":
-        raise ValueError(f"q is on {q.device}: attention_fa3 needs CUDA tensors on a Hopper GPU "
+        raise ValueError(f"q is on {q.device}: fa3_forward needs CUDA tensors on a Hopper GPU "
                          "(Gluon kernels do not run in Triton's interpreter)")
     major, minor = torch.cuda.get_device_capability(q.device)
     if major != 9:
-        raise ValueError(f"q is on an sm_{major}{minor} GPU: attention_fa3 needs Hopper (sm_90), "
+        raise ValueError(f"q is on an sm_{major}{minor} GPU: fa3_forward needs Hopper (sm_90), "
                          "for its wgmma, TMA and setmaxnreg")
 
 
 # --8<-- [start:fa3_launcher]
-def attention_fa3(q, k, v, causal: bool = False, sm_scale: float | None = None,
-                  config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(sm_scale q k^T [+ causal mask]) v with FlashAttention-3's schedule, and its lse.
+def fa3_forward(q, k, v, causal: bool = False, sm_scale: float | None = None,
+                config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(sm_scale q k^T [+ causal mask]) v with FlashAttention-3's schedule (Shah et al.
+    2024, arXiv:2407.08608), and its log-sum-exp.
 
     Args:
-        q, k, v: [B, H, N, D], bfloat16 or float16, the same shape, contiguous, on a Hopper GPU;
-            D in (64, 128), N a positive multiple of 128.
+        q: [B, Hq, N, D]; k, v: [B, Hkv, N, D] with Hkv dividing Hq (grouped-query attention);
+            bfloat16 or float16, contiguous, on a Hopper GPU; D in (64, 128), N a positive
+            multiple of 128.
         causal: top-left causal mask (query i sees key j iff j <= i), as SDPA's is_causal.
         sm_scale: the score scale; None for 1 / sqrt(D).
         config: one of CONFIGS, or None for DEFAULT_CONFIG.
     Returns:
-        o [B, H, N, D] in q's dtype, and lse [B, H, N] float32, the natural-log log-sum-exp of
+        o [B, Hq, N, D] in q's dtype, and lse [B, Hq, N] float32, the natural-log log-sum-exp of
         each query row's scaled scores.
     """
     _check_inputs(q, k, v, causal, sm_scale, config)
     B, H, N, D = q.shape
+    Hkv = k.shape[1]
     cfg = config or DEFAULT_CONFIG
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(D)
     o = torch.empty_like(q)
@@ -460,15 +487,15 @@ def attention_fa3(q, k, v, causal: bool = False, sm_scale: float | None = None,
 
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
 
-    def desc(t, rows):
+    def desc(t, heads, rows):
         block = [rows, D]
-        return TensorDescriptor.from_tensor(t.view(B * H * N, D), block,
+        return TensorDescriptor.from_tensor(t.view(B * heads * N, D), block,
                                             gl.NVMMASharedLayout.get_default_for(block, dtype))
 
     grid = (triton.cdiv(N, 2 * cfg.block_m), B * H)
     _fa3_fwd_kernel[grid](
-        desc(q, cfg.block_m), desc(k, cfg.block_n), desc(v, cfg.block_n), o, lse, N,
-        scale * LOG2E, _lpt_heads(B * H, N, D, q.element_size()),
+        desc(q, H, cfg.block_m), desc(k, Hkv, cfg.block_n), desc(v, Hkv, cfg.block_n), o, lse,
+        N, H // Hkv, scale * LOG2E, _lpt_heads(B * H, N, D, q.element_size()),
         CAUSAL=causal, STAGES=cfg.stages, OVERLAP=cfg.overlap, num_warps=CONSUMER_WARPS.value)
     return o, lse
 # --8<-- [end:fa3_launcher]

@@ -1,5 +1,7 @@
 """FlashAttention-2 in Triton: forward, backward, and a drop-in for F.scaled_dot_product_attention.
 
+On a Hopper GPU the D = 128 forward runs hopper.py's kernel instead (FlashAttention-3's schedule,
+Shah et al. 2024, arXiv:2407.08608) for the shapes that kernel takes; see ``_launch_fwd``.
 Order: the jit kernels (forward; backward preprocess, dK/dV and dQ), then the launchers, then the
 torch custom operators ``kernelnotes::flash_attn_fwd`` / ``kernelnotes::flash_attn_bwd`` (fake
 implementations and autograd), then the public functions ``flash_attention`` (SDPA's signature),
@@ -560,10 +562,11 @@ def _dq_configs(block_d: int) -> list:
             for m, n, w, s in shapes]
 
 
-# D = 128 goes to the TMA-pipelined forward with one tile: in an H200 sweep at N = 4k and 16k it
-# beat 64-row tiles, 64-key tiles and 2 stages at every point. Triton's Hopper warp
-# specialisation (4 warps -> 12) was faster still without a causal mask, but gave NaN with
-# 64-key tiles, so it is not used.
+# D = 128 on a Hopper GPU goes to hopper.py (FlashAttention-3's schedule, in Gluon) for the
+# shapes it takes (hopper.takes: Nq = Nk, a multiple of 128, bf16/fp16, no explicit config); the
+# rest of D = 128 goes to the TMA-pipelined forward with one tile: in an H200 sweep at N = 4k and
+# 16k it beat 64-row tiles, 64-key tiles and 2 stages at every point. Triton's automatic warp
+# specialisation is not used: lab/attention/NOTES.md.
 TMA_HEAD_DIM = 128
 TMA_FWD_CONFIG = triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3)
 # the interpreter runs one fixed small config (autotuning there would take minutes)
@@ -719,9 +722,17 @@ def _check_scale(name: str, sm_scale, D) -> float:
 # --8<-- [start:launcher]
 def _launch_fwd(q, k, v, causal: bool, causal_off: int, sm_scale: float, config):
     """FlashAttention-2 forward (Dao 2023, arXiv:2307.08691, Algorithm 1) on checked inputs:
-    returns o [B, Hq, Nq, D] (q's dtype, contiguous) and lse [B, Hq, Nq] float32."""
+    returns o [B, Hq, Nq, D] (q's dtype, contiguous) and lse [B, Hq, Nq] float32. With no config,
+    on a Hopper GPU at D = 128, the shapes hopper.takes go to hopper.fa3_forward instead
+    (FlashAttention-3's schedule, Shah et al. 2024): the same outputs, the same conventions."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    if config is None and D == TMA_HEAD_DIM and q.is_cuda:  # Hopper: FlashAttention-3's schedule
+        from kernelnotes.attention import hopper
+
+        if hopper.takes(q, k, v, causal_off if causal else 0):
+            return hopper.fa3_forward(q.contiguous(), k.contiguous(), v.contiguous(), causal,
+                                      sm_scale)
     k, v = _unit_last(k), _unit_last(v)
     q = _unit_last(q)
     o = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
