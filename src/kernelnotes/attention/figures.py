@@ -242,6 +242,120 @@ def figure_gpu_memory():
     return fig
 
 
+# ----------------------------------------------------------------------------- Hopper timeline
+def fa3_schedule(n_tiles=4, gemm=1.0, softmax=1.3, load=0.6, stages=3):
+    """A schematic schedule (not measured) of one program of the Hopper forward (hopper.py with
+    intra-warpgroup overlap): the producer's TMA loads, the two consumer warpgroups' softmaxes
+    and the wgmma on the tensor cores, in made-up units (a GEMM takes `gemm`).
+
+    The rules are the kernel's: warpgroups take strictly alternating turns; a turn k issues
+    S_k = Q K_k^T (k < n_tiles) and then P_{k-1} V_{k-1} (k >= 1), which queue on the tensor
+    cores (one GEMM at a time, in issue order); the warpgroup passes the turn once both are
+    issued, runs the softmax of S_k when S_k is done, and releases stage (k - 1) % stages when
+    P_{k-1} V_{k-1} is done. The producer loads Q for each warpgroup, then K_j and V_j one after
+    the other, K_j once both warpgroups have released the stage's previous tile.
+
+    Returns [(lane, start, end, label, wg)], lane in {"tma", "wg0", "wg1", "tc"}; wg is the
+    warpgroup a block belongs to (None for loads of K and V, which both read).
+    """
+    events = []
+    q_end = []
+    t = 0.0
+    for wg in (0, 1):  # each warpgroup's own query tile
+        events.append(("tma", t, t + load, f"$Q^{{({wg})}}$", wg))
+        t += load
+        q_end.append(t)
+    producer_free = t
+    k_landed, v_landed = {}, {}
+    released = {0: {}, 1: {}}  # released[wg][j]: when wg arrived on tile j's `empty`
+
+    def landed(j):  # lazily: tile j's loads need tile j - stages released, an earlier turn
+        nonlocal producer_free
+        if j not in k_landed:
+            free = max((released[w][j - stages] for w in (0, 1)), default=0.0) \
+                if j >= stages else 0.0
+            k0 = max(producer_free, free)
+            events.append(("tma", k0, k0 + load, f"$K_{j}$", None))
+            events.append(("tma", k0 + load, k0 + 2 * load, f"$V_{j}$", None))
+            k_landed[j], v_landed[j] = k0 + load, k0 + 2 * load
+            producer_free = k0 + 2 * load
+        return k_landed[j], v_landed[j]
+
+    tc_free = 0.0
+    ready = list(q_end)  # when each warpgroup can take its next turn
+    passed = 0.0  # when the other warpgroup passed the turn
+    for k in range(n_tiles + 1):
+        for wg in (0, 1):
+            issue = max(ready[wg], passed)
+            if k < n_tiles:
+                issue = max(issue, landed(k)[0])
+            if k >= 1:
+                issue = max(issue, landed(k - 1)[1])
+            events.append(("issue", issue, issue, "", wg))
+            passed = issue
+            s_end = pv_end = issue
+            if k < n_tiles:
+                start = max(issue, tc_free)
+                s_end = tc_free = start + gemm
+                events.append(("tc", start, s_end, f"$S_{k}$", wg))
+            if k >= 1:
+                start = max(issue, tc_free)
+                pv_end = tc_free = start + gemm
+                events.append(("tc", start, pv_end, f"$P_{k - 1}V_{k - 1}$", wg))
+                released[wg][k - 1] = pv_end
+            sm_end = s_end
+            if k < n_tiles:
+                sm_end = s_end + softmax
+                events.append((f"wg{wg}", s_end, sm_end, f"softmax $S_{k}$", wg))
+            ready[wg] = max(sm_end, pv_end)
+    return events
+
+
+def figure_fa3_timeline():
+    """The schematic (not measured) timeline of fa3_schedule: loads run ahead, the warpgroups'
+    GEMMs alternate on the tensor cores, each softmax runs under the other warpgroup's GEMMs."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    events = fa3_schedule()
+    lanes = {"tma": 3, "wg0": 2, "wg1": 1, "tc": 0}
+    names = ["tensor cores\n(wgmma)", "warpgroup 1", "warpgroup 0", "producer\n(TMA)"]
+    gemm = {0: "#1d5f8a", 1: "#c4581b"}  # warpgroup 0 blue, warpgroup 1 orange
+    soft = {0: "#9cc7e4", 1: "#f3b48a"}
+    end = max(e for _, _, e, _, _ in events)
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    for lane, s, e, label, wg in events:
+        if lane == "issue":  # the warpgroup takes its turn and issues its wgmma
+            ax.plot([s], [lanes[f"wg{wg}"] + 0.36], marker="v", ms=5, color=gemm[wg])
+            continue
+        if lane == "tma":
+            color, text = ("#b7b7b7" if wg is None else soft[wg]), "k"
+        elif lane == "tc":
+            color, text = gemm[wg], "white"
+        else:
+            color, text = soft[wg], "k"
+        ax.barh(lanes[lane], e - s, left=s, height=0.6, color=color, edgecolor="white", lw=1)
+        ax.text((s + e) / 2, lanes[lane], label, ha="center", va="center", fontsize=7,
+                color=text)
+    ax.set_yticks(range(4), names, fontsize=8)
+    ax.set_xticks([])
+    ax.set_xlim(0, end + 0.1)
+    ax.set_ylim(-0.5, 3.6)
+    ax.set_xlabel("time (schematic)", fontsize=9)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    handles = [Patch(color=gemm[0], label="warpgroup 0: GEMMs"),
+               Patch(color=soft[0], label="warpgroup 0: softmax, Q load"),
+               Patch(color=gemm[1], label="warpgroup 1: GEMMs"),
+               Patch(color=soft[1], label="warpgroup 1: softmax, Q load"),
+               Patch(color="#b7b7b7", label="TMA load of K or V"),
+               plt.Line2D([], [], ls="", marker="v", ms=5, color="k",
+                          label="takes the turn, issues its wgmma")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3,
+              fontsize=7.5, frameon=False)
+    return fig
+
+
 def _tflops(data) -> dict:
     """{(D, N, causal, pass): {impl: TFLOP/s}} of a results file."""
     t: dict = {}
