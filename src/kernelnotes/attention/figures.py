@@ -410,3 +410,82 @@ def table_performance() -> str:
         ["pass", "D", "N", "causal", "this kernel", "fused bwd", "SDPA flash", "SDPA cuDNN",
          "naive", "vs flash", "vs cuDNN", "fused vs flash"], rows)
     return table + "\n\n" + _results.provenance(data["meta"])
+
+
+_PEER_NAMES = {"sdpa_flash": "SDPA's FlashAttention-2 backend", "sdpa_cudnn": "cuDNN"}
+
+
+def _point(key) -> str:
+    D, N, causal, pass_ = key
+    what = {"fwd": "forward", "bwd": "backward"}[pass_]
+    return f"the {'causal ' if causal else ''}{what} at $D = {D}$, $N = {N}$"
+
+
+def target_margins(data=None) -> dict:
+    """{((D, N, causal, pass), peer): ratio / target - 1} for every target point of this kernel
+    (D in {64, 128}, N >= 4096) in the committed results."""
+    data = _bench() if data is None else data
+    return {(key, peer): v["triton_fa2"] / v[peer] / target - 1
+            for key, v in _tflops(data).items() for (p, peer), target in TARGETS.items()
+            if p == key[3] and key[0] in (64, 128) and key[1] >= 4096
+            and peer in v and "triton_fa2" in v}
+
+
+def table_performance_summary() -> str:
+    """The paragraph under the performance table, written from the committed results: how many
+    targets are met, those with under 2% to spare, the ranges against cuDNN at N >= 4096, and
+    the range against naive attention."""
+    data = _bench()
+    if data is None:
+        return PENDING
+    t = _tflops(data)
+    margins = target_margins(data)
+    ratio = lambda key, peer: t[key]["triton_fa2"] / t[key][peer]  # noqa: E731
+
+    def said(items):
+        return "; ".join(f"{_point(key)}, {ratio(key, peer):.3f}x {_PEER_NAMES[peer]} against "
+                         f"{TARGETS[key[3], peer]}x" for key, peer in items)
+
+    missed = sorted(k for k, m in margins.items() if m < 0)
+    tight = sorted(k for k, m in margins.items() if 0 <= m < 0.02)
+    out = [f"Every one of the {len(margins)} targets is met." if not missed else
+           f"{len(margins) - len(missed)} of the {len(margins)} targets are met; missed: "
+           f"{said(missed)}."]
+    if tight:
+        out.append(f"With less than 2% to spare, where another run could fall under the line: "
+                   f"{said(tight)}.")
+
+    def span(D, pass_):
+        r = [ratio(k, "sdpa_cudnn") for k in t if (k[0], k[3]) == (D, pass_) and k[1] >= 4096
+             and "sdpa_cudnn" in t[k] and "triton_fa2" in t[k]]
+        return f"{min(r):.2f}x to {max(r):.2f}x" if r else "not measured"
+
+    bwd = [ratio(k, "sdpa_cudnn") for k in t if k[3] == "bwd" and k[0] in (64, 128)
+           and k[1] >= 4096 and "sdpa_cudnn" in t[k] and "triton_fa2" in t[k]]
+    out.append(f"Beside cuDNN at $N \\ge 4096$ the forward runs at {span(64, 'fwd')} of its speed "
+               f"at $D = 64$ and {span(128, 'fwd')} at $D = 128$"
+               + (f", the backward at {min(bwd):.2f}x to {max(bwd):.2f}x." if bwd else "."))
+    naive = {k: v["triton_fa2"] / v["naive"] for k, v in t.items()
+             if "naive" in v and "triton_fa2" in v}
+    if naive:
+        slow, fast = min(naive, key=naive.get), max(naive, key=naive.get)
+        ns = sorted({k[1] for k in naive})
+        out.append(f"Against naive attention, timed at $N = {' and '.join(map(str, ns))}$ only, "
+                   f"the kernel is {naive[slow]:.1f}x ({_point(slow)[4:]}"
+                   f"{'' if slow[2] else ', no mask'}) to {naive[fast]:.0f}x "
+                   f"({_point(fast)[4:]}) faster.")
+    return " ".join(out)
+
+
+def table_fused_backward() -> str:
+    """The "What did not help" item on the fused (atomic dQ) backward, its speed relative to the
+    default backward read from the committed results."""
+    data = _bench()
+    fused = [] if data is None else [v["triton_fa2_atomic"] / v["triton_fa2"]
+                                     for k, v in _tflops(data).items()
+                                     if k[3] == "bwd" and "triton_fa2_atomic" in v]
+    speed = (f"it ran at {min(fused):.2f}x to {max(fused):.2f}x of the default backward's speed "
+             "at every point of the table" if fused else "its speed is pending a GPU run")
+    return (f"- **The fused backward.** Adding $dQ$ with atomics saves two of seven tile matmuls, "
+            f"but {speed}, and its result is not repeatable; it stays an option, not the default.")
+
