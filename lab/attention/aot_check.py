@@ -1,12 +1,14 @@
 """Compile every configuration of kernelnotes.attention.hopper for sm_90 without a GPU.
 
-    PYTHONPATH=src:. python lab/attention/aot_check.py [--json]
+    PYTHONPATH=src:. python lab/attention/aot_check.py [--json] [--persistent]
 
 For each of ``CONFIGS`` x D in (64, 128) x causal in (False, True), bfloat16, it builds the cubin
 for ``GPUTarget("cuda", 90, 32)`` and prints whether it compiled, the shared memory the kernel
 allocates, the ``setmaxnreg`` values in the PTX, and what ptxas -v (Triton's bundled ptxas) says
 of registers and spills. A configuration whose tiles do not fit a block's shared memory at a head
 dim is reported as such without compiling. Written for Triton 3.6; nothing here needs a GPU.
+With ``--persistent`` it does the same for the persistent design C (lab/attention/fa3_persistent.py,
+its own ``CONFIGS``) instead.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 from triton.runtime.jit import mangle_type  # noqa: E402
 
 from kernelnotes.attention import hopper as fa3  # noqa: E402
+from lab.attention import fa3_persistent as fa3p  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 N_PROBE = 4096  # the sequence length of the fake descriptors (its value is not compiled in)
@@ -100,6 +103,36 @@ def compile_one(cfg: fa3.Config, head_dim: int, causal: bool) -> dict:
                       setmaxnreg=maxnreg, **_ptxas_info(ptx))
 
 
+def compile_persistent(cfg: fa3p.Config, head_dim: int, causal: bool) -> dict:
+    """Compile fa3_persistent's _fa3_persistent_kernel for one configuration, as compile_one."""
+    row = dict(config=cfg._asdict(), head_dim=head_dim, causal=causal, design="persistent")
+    need = cfg.shared_bytes(head_dim)
+    if need > fa3p.MAX_SHARED_BYTES:
+        return row | dict(ok=False, error=f"tiles need {need} B of shared memory, over "
+                                          f"{fa3p.MAX_SHARED_BYTES}")
+    cx = dict(CAUSAL=causal, STAGES=cfg.stages, OVERLAP=cfg.overlap)
+    sig = dict(q_desc=_desc_type(cfg.block_m, head_dim), k_desc=_desc_type(cfg.block_n, head_dim),
+               v_desc=_desc_type(cfg.block_n, head_dim), o_ptr="*bf16", lse_ptr="*fp32",
+               N="i32", n_bh="i32", GROUP="i32", qk_scale="fp32", LPT_HEADS="i32",
+               **{k: "constexpr" for k in cx})
+    try:
+        ck = triton.compile(GluonASTSource(fn=fa3p._fa3_persistent_kernel, signature=sig,
+                                           constexprs=cx),
+                            target=TARGET, options=dict(num_warps=fa3p.CONSUMER_WARPS.value))
+    except Exception as exc:
+        return row | dict(ok=False, error=_innermost(exc))
+    ptx = ck.asm["ptx"]
+    maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
+                                                 ptx)})
+    return row | dict(ok=True, shared=ck.metadata.shared, warps=ck.metadata.num_warps,
+                      setmaxnreg=maxnreg, **_ptxas_info(ptx))
+
+
+def check_persistent() -> list[dict]:
+    return [compile_persistent(cfg, d, causal)
+            for cfg in fa3p.CONFIGS for d in fa3p.HEAD_DIMS for causal in (False, True)]
+
+
 def _clean(row: dict) -> bool:
     """Compiled, and ptxas reported no spill stores or loads."""
     return row["ok"] and row["spill_stores"] == 0 and row["spill_loads"] == 0
@@ -113,11 +146,14 @@ def check_all() -> list[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON list at the end")
+    parser.add_argument("--persistent", action="store_true",
+                        help="compile the persistent design C (fa3_persistent.py) instead")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns without it; 3.6's default
-    print(f"triton {triton.__version__}, target sm_90")
-    rows = check_all()
+    print(f"triton {triton.__version__}, target sm_90"
+          + (", design C (fa3_persistent)" if args.persistent else ""))
+    rows = check_persistent() if args.persistent else check_all()
     for r in rows:
         c = r["config"]
         name = (f"block_m={c['block_m']:3d} block_n={c['block_n']:3d} stages={c['stages']} "

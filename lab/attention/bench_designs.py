@@ -7,6 +7,8 @@ and not; forward FLOPs 4 B H N^2 D, halved when causal. Implementations:
   - ``fa3_gluon:<i>``: ``kernelnotes.attention.hopper.fa3_forward`` with ``CONFIGS[i]``, the
     producer warp and ping-pong warpgroups (design B of NOTES.md, now the product's D = 128
     forward on Hopper; ``triton_fa2`` runs it too where it applies);
+  - ``fa3_persistent:<i>``: lab/attention/fa3_persistent.py with its ``CONFIGS[i]``, design B
+    made persistent (design C: min(#SMs, #tiles) programs looping over tiles);
   - ``sdpa_cudnn`` and ``sdpa_flash``: torch SDPA's cuDNN and FlashAttention-2 backends.
 Each design and config is first run once in a child process with a time limit (a kernel whose
 barriers deadlock would otherwise hang the run) and checked against a float64 reference at
@@ -42,6 +44,11 @@ def _designs() -> dict:
 
     for c, cfg in enumerate(hopper.CONFIGS):
         out[f"fa3_gluon:{c}"] = functools.partial(_first, hopper.fa3_forward, config=cfg)
+    from lab.attention import fa3_persistent
+
+    for c, cfg in enumerate(fa3_persistent.CONFIGS):
+        out[f"fa3_persistent:{c}"] = functools.partial(
+            _first, fa3_persistent.fa3_persistent_forward, config=cfg)
     return out
 
 
