@@ -30,6 +30,8 @@ H, TOKENS = 16, 65536
 SIZES = {True: ((128,), (4096,)), False: ((64, 128), (1024, 4096, 16384))}
 TIMING = dict(rounds=3, warmup_ms=25, rep_ms=70)
 PROBE_TIMEOUT_S = 120
+# designs not probed again: each hung probe costs PROBE_TIMEOUT_S of a GPU run
+KNOWN_HANGS = {"ws_tl": "hung on the H200 in every configuration (NOTES.md, design A)"}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -128,6 +130,11 @@ def run(quick: bool) -> list[dict]:
     t0 = time.perf_counter()
     rows, usable = [], []
     for name in _designs():
+        if name.split(":")[0] in KNOWN_HANGS:
+            rows.append({"impl": name, "pass": "check", "ok": False,
+                         "skipped": KNOWN_HANGS[name.split(":")[0]]})
+            print(f"check {name}: skipped, {KNOWN_HANGS[name.split(':')[0]]}", flush=True)
+            continue
         result = _probe_child(name)
         rows.append(dict(result, **{"pass": "check"}))
         ratios = [round(c["rel_err"] / c["sdpa_rel_err"], 2) for c in result.get("checks", [])]
