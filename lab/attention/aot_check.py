@@ -1,6 +1,6 @@
 """Compile every configuration of kernelnotes.attention.hopper for sm_90 without a GPU.
 
-    PYTHONPATH=src:. python lab/attention/aot_check.py [--json] [--persistent]
+    PYTHONPATH=src:. python lab/attention/aot_check.py [--json] [--persistent | --bwd]
 
 For each of ``CONFIGS`` x D in (64, 128) x causal in (False, True), bfloat16, it builds the cubin
 for ``GPUTarget("cuda", 90, 32)`` and prints whether it compiled, the shared memory the kernel
@@ -8,7 +8,8 @@ allocates, the ``setmaxnreg`` values in the PTX, and what ptxas -v (Triton's bun
 of registers and spills. A configuration whose tiles do not fit a block's shared memory at a head
 dim is reported as such without compiling. Written for Triton 3.6; nothing here needs a GPU.
 With ``--persistent`` it does the same for the persistent design C (lab/attention/fa3_persistent.py,
-its own ``CONFIGS``) instead.
+its own ``CONFIGS``) instead; with ``--bwd`` the Hopper backward, design D
+(lab/attention/bwd_gluon.py, its ``CONFIGS`` per head dim, causal and not).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 from triton.runtime.jit import mangle_type  # noqa: E402
 
 from kernelnotes.attention import hopper as fa3  # noqa: E402
+from lab.attention import bwd_gluon  # noqa: E402
 from lab.attention import fa3_persistent as fa3p  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -133,6 +135,38 @@ def check_persistent() -> list[dict]:
             for cfg in fa3p.CONFIGS for d in fa3p.HEAD_DIMS for causal in (False, True)]
 
 
+def compile_bwd(head_dim: int, causal: bool) -> dict:
+    """Compile bwd_gluon's _flash_bwd_hopper_kernel at one head dim (its CONFIGS[head_dim])."""
+    cfg = bwd_gluon.CONFIGS[head_dim]
+    row = dict(config=cfg._asdict(), head_dim=head_dim, causal=causal, design="bwd")
+    need = cfg.shared_bytes(head_dim)
+    if need > bwd_gluon.MAX_SHARED_BYTES:
+        return row | dict(ok=False, error=f"tiles need {need} B of shared memory, over "
+                                          f"{bwd_gluon.MAX_SHARED_BYTES}")
+    cx = dict(CAUSAL=causal, STAGES=cfg.stages)
+    kw = bwd_gluon.KEYS_PER_WG.value
+    sig = dict(q_desc=_desc_type(cfg.block_m, head_dim), do_desc=_desc_type(cfg.block_m, head_dim),
+               k_desc=_desc_type(kw, head_dim), v_desc=_desc_type(kw, head_dim),
+               dq_ptr="*fp32", dk_ptr="*bf16", dv_ptr="*bf16", lse_ptr="*fp32",
+               delta_ptr="*fp32", N="i32", sm_scale="fp32", qk_scale="fp32",
+               **{k: "constexpr" for k in cx})
+    try:
+        ck = triton.compile(GluonASTSource(fn=bwd_gluon._flash_bwd_hopper_kernel, signature=sig,
+                                           constexprs=cx),
+                            target=TARGET, options=dict(num_warps=bwd_gluon.CONSUMER_WARPS.value))
+    except Exception as exc:
+        return row | dict(ok=False, error=_innermost(exc))
+    ptx = ck.asm["ptx"]
+    maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
+                                                 ptx)})
+    return row | dict(ok=True, shared=ck.metadata.shared, warps=ck.metadata.num_warps,
+                      setmaxnreg=maxnreg, **_ptxas_info(ptx))
+
+
+def check_bwd() -> list[dict]:
+    return [compile_bwd(d, causal) for d in bwd_gluon.HEAD_DIMS for causal in (False, True)]
+
+
 def _clean(row: dict) -> bool:
     """Compiled, and ptxas reported no spill stores or loads."""
     return row["ok"] and row["spill_stores"] == 0 and row["spill_loads"] == 0
@@ -148,16 +182,26 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON list at the end")
     parser.add_argument("--persistent", action="store_true",
                         help="compile the persistent design C (fa3_persistent.py) instead")
+    parser.add_argument("--bwd", action="store_true",
+                        help="compile the Hopper backward, design D (bwd_gluon.py), instead")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns without it; 3.6's default
     print(f"triton {triton.__version__}, target sm_90"
-          + (", design C (fa3_persistent)" if args.persistent else ""))
-    rows = check_persistent() if args.persistent else check_all()
+          + (", design C (fa3_persistent)" if args.persistent else "")
+          + (", design D (bwd_gluon)" if args.bwd else ""))
+    if args.bwd:
+        rows = check_bwd()
+    else:
+        rows = check_persistent() if args.persistent else check_all()
     for r in rows:
         c = r["config"]
-        name = (f"block_m={c['block_m']:3d} block_n={c['block_n']:3d} stages={c['stages']} "
-                f"overlap={int(c['overlap'])} D={r['head_dim']:3d} causal={int(r['causal'])}")
+        if r.get("design") == "bwd":
+            name = (f"bwd block_m={c['block_m']:3d} stages={c['stages']} D={r['head_dim']:3d} "
+                    f"causal={int(r['causal'])}")
+        else:
+            name = (f"block_m={c['block_m']:3d} block_n={c['block_n']:3d} stages={c['stages']} "
+                    f"overlap={int(c['overlap'])} D={r['head_dim']:3d} causal={int(r['causal'])}")
         if r["ok"]:
             clean = _clean(r)
             print(f"{name}: OK   shared={r['shared']:6d} B  setmaxnreg={r['setmaxnreg']}  "

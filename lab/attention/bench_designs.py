@@ -13,6 +13,14 @@ and not; forward FLOPs 4 B H N^2 D, halved when causal. Implementations:
 Each design and config is first run once in a child process with a time limit (a kernel whose
 barriers deadlock would otherwise hang the run) and checked against a float64 reference at
 N = 1024: its relative error must be within 2x SDPA's own bf16 error, or it is not timed.
+Then the backward part: every design of ``_bwd_designs()`` (``bwd_gluon``:
+lab/attention/bwd_gluon.py, design D, a FlashAttention-3-style Hopper backward) is probed the
+same way in a child process against float64 gradients at N = 1024 (each of dq, dk, dv within 2x
+the error of PyTorch's math attention run in bf16, plus u/2 with u = 2^-8) and, if it passes,
+timed at the same points beside the product's backward (``triton_fa2``: ``torch.autograd.grad``
+through ``flash_attention``, what the product benchmark times; ``flash_attn_bwd``: the product's
+backward kernels called directly) and cuDNN's (``sdpa_cudnn``: autograd through SDPA's cuDNN
+backend); rows with ``"pass": "bwd"``, FLOPs 10 B H N^2 D (halved when causal).
 Write ``lab/attention/results/designs.json`` with ``python -m benchmarks --lab attention designs``.
 Nothing runs at import.
 """
@@ -120,6 +128,146 @@ def _probe_child(name: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _bwd_designs() -> dict:
+    """{name: fn(do, q, k, v, o, lse, causal) -> (dq, dk, dv)} of every lab backward design."""
+    from lab.attention import bwd_gluon
+
+    return {"bwd_gluon": lambda do, q, k, v, o, lse, causal: bwd_gluon.flash_bwd_hopper(
+        do, q, k, v, o, lse, causal=causal)}
+
+
+U_BF16 = 2.0 ** -8  # bf16's unit roundoff is u / 2
+
+
+def _math_grads(q, k, v, do, causal):
+    """(dq, dk, dv) of PyTorch-style math attention in q's dtype (float64 for the reference)."""
+    import torch
+
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1),
+                          -math.inf)
+    o = torch.softmax(s, -1) @ v
+    return torch.autograd.grad(o, (q, k, v), do)
+
+
+def probe_bwd(name: str) -> dict:
+    """Run one backward design at every D and causal on N = 1024 (B = 2): each gradient's error
+    against float64 beside math attention's bf16 error. Runs in the child process."""
+    import torch
+
+    from kernelnotes.attention import flash_attn_fwd
+
+    fn = _bwd_designs()[name]
+    out = {"impl": name, "checks": []}
+    for D in (64, 128):
+        for causal in (False, True):
+            g = torch.Generator(device="cuda").manual_seed(2)
+            q, k, v, do = (torch.randn(2, H, 1024, D, device="cuda", generator=g).bfloat16()
+                           for _ in range(4))
+            o, lse = flash_attn_fwd(q, k, v, causal=causal)
+            ref = _math_grads(q.double(), k.double(), v.double(), do.double(), causal)
+            base = _math_grads(q, k, v, do, causal)
+            got = fn(do, q, k, v, o, lse, causal)
+            torch.cuda.synchronize()
+            for gname, x, b, r in zip(("dq", "dk", "dv"), got, base, ref, strict=True):
+                err, berr = _rel_err(x, r), _rel_err(b, r)
+                out["checks"].append({"D": D, "causal": causal, "grad": gname, "rel_err": err,
+                                      "math_bf16_rel_err": berr,
+                                      "ok": bool(math.isfinite(err)
+                                                 and err <= 2 * berr + U_BF16 / 2)})
+    out["ok"] = all(c["ok"] for c in out["checks"])
+    return out
+
+
+def _probe_bwd_child(name: str) -> dict:
+    code = ("import json, sys; from lab.attention.bench_designs import probe_bwd; "
+            f"print(json.dumps(probe_bwd({name!r})))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"impl": name, "ok": False, "error": f"no result in {PROBE_TIMEOUT_S} s (hang?)"}
+    if proc.returncode != 0:
+        return {"impl": name, "ok": False, "error": proc.stderr.strip()[-600:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _bwd_peers(q, k, v, do, causal: bool) -> tuple[dict, tuple]:
+    """({name: fn() -> grads} of the product's and cuDNN's backward, (o, lse) of the product's
+    forward for the designs); each forward runs once here, outside the timing, with its graph
+    kept for repeated autograd.grad calls."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernelnotes.attention import flash_attention, flash_attn_bwd, flash_attn_fwd
+
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o_prod = flash_attention(qg, kg, vg, is_causal=causal)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o_cudnn = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+    with torch.no_grad():
+        o, lse = flash_attn_fwd(q, k, v, causal=causal)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.autograd.grad(o_cudnn, (qg, kg, vg), do, retain_graph=True)
+
+    return {"triton_fa2": lambda: torch.autograd.grad(o_prod, (qg, kg, vg), do,
+                                                      retain_graph=True),
+            "flash_attn_bwd": lambda: flash_attn_bwd(do, q, k, v, o, lse, causal=causal),
+            "sdpa_cudnn": cudnn}, (o, lse)
+
+
+def run_bwd(quick: bool) -> list[dict]:
+    """The backward part of run(): probe each backward design, then time the ones that pass."""
+    import torch
+
+    from benchmarks._harness import bench_interleaved
+
+    rows, usable = [], []
+    designs = _bwd_designs()
+    for name in designs:
+        result = _probe_bwd_child(name)
+        rows.append(dict(result, **{"pass": "check_bwd"}))
+        ratios = [round(c["rel_err"] / c["math_bf16_rel_err"], 2)
+                  for c in result.get("checks", [])]
+        print(f"check (backward) {name}: {'ok' if result['ok'] else 'FAILED'} "
+              f"{result.get('error', '') or ratios}", flush=True)
+        if result["ok"]:
+            usable.append(name)
+    Ds, Ns = SIZES[quick]
+    for D in Ds:
+        for N in Ns:
+            B = TOKENS // N
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(0)
+                q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16,
+                                           generator=g) for _ in range(4))
+                fns, (o, lse) = _bwd_peers(q, k, v, do, causal)
+                fns.update({name: functools.partial(designs[name], do, q, k, v, o, lse, causal)
+                            for name in usable})
+                for fn in fns.values():  # compile and autotune outside the timing
+                    fn()
+                timed = bench_interleaved(fns, **TIMING)
+                flops = 10 * B * H * N * N * D * (0.5 if causal else 1.0)
+                cudnn = timed["sdpa_cudnn"][0]
+                for name, (p50, p20, p80) in timed.items():
+                    rows.append({"impl": name, "pass": "bwd", "D": D, "N": N, "B": B, "H": H,
+                                 "causal": causal, "dtype": "bfloat16", "ms": p50,
+                                 "ms_p20": p20, "ms_p80": p80,
+                                 "tflops": flops / (p50 * 1e-3) / 1e12,
+                                 "x_cudnn": cudnn / p50})
+                print(f"backward D={D} N={N} causal={causal}: " + ", ".join(
+                    f"{n} {cudnn / t[0]:.3f}" for n, t in timed.items()), flush=True)
+                del q, k, v, do, o, lse, fns
+                torch.cuda.empty_cache()
+    return rows
+
+
 def run(quick: bool) -> list[dict]:
     import time
 
@@ -170,5 +318,6 @@ def run(quick: bool) -> list[dict]:
                     f"{n} {cudnn / t[0]:.3f}" for n, t in timed.items()), flush=True)
                 del q, k, v, fns
                 torch.cuda.empty_cache()
+    rows.extend(run_bwd(quick))
     rows.append({"impl": "all", "pass": "total", "elapsed_s": round(time.perf_counter() - t0, 1)})
     return rows
