@@ -112,8 +112,7 @@ def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_sm
 
 @gluon.jit
 def _bwd_step(i, t, q_smem, do_smem, k_w, v_w, ds_w, ready, empty, dk, dv, dq_ptr, lse_ptr,
-              delta_ptr, head, keys, diagonal, qk_scale, CAUSAL: gl.constexpr,
-              STAGES: gl.constexpr):
+              delta_ptr, head, keys, qk_scale, MASK: gl.constexpr, STAGES: gl.constexpr):
     """One query tile i (the program's t-th, in stage t % STAGES) for one warpgroup's 64 keys:
     returns dK, dV updated and adds its share of dQ_i / sm_scale into dq_ptr."""
     BLOCK_M: gl.constexpr = q_smem.shape[1]
@@ -137,7 +136,6 @@ def _bwd_step(i, t, q_smem, do_smem, k_w, v_w, ds_w, ready, empty, dk, dv, dq_pt
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     qcols = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
     qvec = head + i * BLOCK_M + gl.arange(0, BLOCK_M, layout=vec_layout)
-    lse2 = gl.convert_layout(gl.load(lse_ptr + qvec) * LOG2E_C, col_layout)
     mbarrier.wait(ready.index(s), (t // STAGES) & 1)
     s_tok = warpgroup_mma(k_w, q.permute((1, 0)),
                           gl.zeros([KW, BLOCK_M], gl.float32, layout=st_layout),
@@ -145,14 +143,15 @@ def _bwd_step(i, t, q_smem, do_smem, k_w, v_w, ds_w, ready, empty, dk, dv, dq_pt
     dp_tok = warpgroup_mma(v_w, do.permute((1, 0)),
                            gl.zeros([KW, BLOCK_M], gl.float32, layout=st_layout),
                            use_acc=False, is_async=True)  # dP^T = V dO^T
+    lse2 = gl.convert_layout(gl.load(lse_ptr + qvec) * LOG2E_C, col_layout)
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-    if CAUSAL:  # on the diagonal, key j is seen by query i iff j <= i
-        s_t = gl.where((keys[:, None] <= qcols[None, :]) | (not diagonal), s_t, float("-inf"))
+    if MASK:  # the causal diagonal: key j is seen by query i iff j <= i
+        s_t = gl.where(keys[:, None] <= qcols[None, :], s_t, float("-inf"))
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :]).to(dtype)  # P^T, recomputed from lse
-    p_op = gl.convert_layout(p_t, op_layout)
-    dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)  # dV += P^T dO, behind dP^T
     delta = gl.convert_layout(gl.load(delta_ptr + qvec), col_layout)
-    dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))
+    dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+    p_op = gl.convert_layout(p_t, op_layout)
+    dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)  # dV += P^T dO
     ds_t = (p_t.to(gl.float32) * (dp_t - delta[None, :])).to(dtype)  # P^T o (dP^T - Delta)
     ds_op = gl.convert_layout(ds_t, op_layout)
     dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)  # dK += dS^T Q
@@ -201,7 +200,8 @@ def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, kv_ready, ready, emp
     if CAUSAL:
         m_start = n0 // BLOCK_M  # the producer's first query tile
         m_mine = k0 // BLOCK_M  # the first one any of this warpgroup's keys is seen by
-        m_full = gl.cdiv(k0 + KW, BLOCK_M)  # from here on no query of a tile misses a key
+        gl.static_assert(BLOCK_M == KW, "causal needs query tiles of the warpgroup's 64 rows")
+        m_full = m_mine + 1  # from here on no query of a tile misses a key
     else:
         m_start = 0
         m_mine = 0
@@ -224,23 +224,16 @@ def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, kv_ready, ready, emp
         mbarrier.wait(ready.index(s), (t // STAGES) & 1)
         mbarrier.arrive(empty.index(s), count=1)
 
-    # causal tiles i < m_full straddle the diagonal and are masked. At D = 64 they get their
-    # own loop (no mask in the rest); at D = 128 one loop with a per-tile flag spilled less
-    # (624 against 1248 bytes under Triton 3.6)
-    if HEAD_DIM <= 64:
-        for i in range(m_mine, m_full):
-            dk, dv = _bwd_step(i, i - m_start, q_smem, do_smem, k_w, v_w, ds_w, ready, empty, dk,
-                               dv, dq_ptr, lse_ptr, delta_ptr, head, keys, True, qk_scale,
-                               CAUSAL, STAGES)
-        for i in range(m_full, n_m):
-            dk, dv = _bwd_step(i, i - m_start, q_smem, do_smem, k_w, v_w, ds_w, ready, empty, dk,
-                               dv, dq_ptr, lse_ptr, delta_ptr, head, keys, False, qk_scale,
-                               False, STAGES)
-    else:
-        for i in range(m_mine, n_m):
-            dk, dv = _bwd_step(i, i - m_start, q_smem, do_smem, k_w, v_w, ds_w, ready, empty, dk,
-                               dv, dq_ptr, lse_ptr, delta_ptr, head, keys, i < m_full, qk_scale,
-                               CAUSAL, STAGES)
+    # causal: with BLOCK_M == 64 key rows, exactly one query tile (i = m_mine) straddles this
+    # warpgroup's diagonal; it is peeled off the loop, the only masked step (two loops, masked
+    # and not, or one loop with a per-tile flag, spilled at D = 128 under Triton 3.6)
+    if CAUSAL:
+        dk, dv = _bwd_step(m_mine, m_mine - m_start, q_smem, do_smem, k_w, v_w, ds_w, ready,
+                           empty, dk, dv, dq_ptr, lse_ptr, delta_ptr, head, keys, qk_scale, True,
+                           STAGES)
+    for i in range(m_full, n_m):
+        dk, dv = _bwd_step(i, i - m_start, q_smem, do_smem, k_w, v_w, ds_w, ready, empty, dk,
+                           dv, dq_ptr, lse_ptr, delta_ptr, head, keys, qk_scale, False, STAGES)
 
     out_rows = head + k0 + gl.arange(0, KW, layout=gl.SliceLayout(1, kv_layout))
     out = out_rows[:, None] * HEAD_DIM + offs_d[None, :]
