@@ -82,6 +82,21 @@ def _innermost(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[-1500:]}"
 
 
+def _compiled_row(row: dict, kernel, sig: dict, cx: dict, num_warps: int) -> dict:
+    """Compile one kernel for sm_90 and add to row what came out: ok, shared bytes, warps, the
+    setmaxnreg values and ptxas's registers and spills (or the error)."""
+    try:
+        ck = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=cx),
+                            target=TARGET, options=dict(num_warps=num_warps))
+    except Exception as exc:  # report and go on: the point is the table
+        return row | dict(ok=False, error=_innermost(exc))
+    ptx = ck.asm["ptx"]
+    maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
+                                                 ptx)})
+    return row | dict(ok=True, shared=ck.metadata.shared, warps=ck.metadata.num_warps,
+                      setmaxnreg=maxnreg, **_ptxas_info(ptx))
+
+
 def compile_one(cfg: fa3.Config, head_dim: int, causal: bool) -> dict:
     """Compile _fa3_fwd_kernel for one configuration; a dict of what came out."""
     row = dict(config=cfg._asdict(), head_dim=head_dim, causal=causal)
@@ -93,16 +108,7 @@ def compile_one(cfg: fa3.Config, head_dim: int, causal: bool) -> dict:
                v_desc=_desc_type(cfg.block_n, head_dim), o_ptr="*bf16", lse_ptr="*fp32",
                N="i32", GROUP="i32", qk_scale="fp32", LPT_HEADS="i32",
                **{k: "constexpr" for k in cx})
-    try:
-        ck = triton.compile(GluonASTSource(fn=fa3._fa3_fwd_kernel, signature=sig, constexprs=cx),
-                            target=TARGET, options=dict(num_warps=fa3.CONSUMER_WARPS.value))
-    except Exception as exc:  # report and go on: the point is the table
-        return row | dict(ok=False, error=_innermost(exc))
-    ptx = ck.asm["ptx"]
-    maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
-                                                 ptx)})
-    return row | dict(ok=True, shared=ck.metadata.shared, warps=ck.metadata.num_warps,
-                      setmaxnreg=maxnreg, **_ptxas_info(ptx))
+    return _compiled_row(row, fa3._fa3_fwd_kernel, sig, cx, fa3.CONSUMER_WARPS.value)
 
 
 def compile_persistent(cfg: fa3p.Config, head_dim: int, causal: bool) -> dict:
@@ -117,17 +123,7 @@ def compile_persistent(cfg: fa3p.Config, head_dim: int, causal: bool) -> dict:
                v_desc=_desc_type(cfg.block_n, head_dim), o_ptr="*bf16", lse_ptr="*fp32",
                N="i32", n_bh="i32", GROUP="i32", qk_scale="fp32", LPT_HEADS="i32",
                **{k: "constexpr" for k in cx})
-    try:
-        ck = triton.compile(GluonASTSource(fn=fa3p._fa3_persistent_kernel, signature=sig,
-                                           constexprs=cx),
-                            target=TARGET, options=dict(num_warps=fa3p.CONSUMER_WARPS.value))
-    except Exception as exc:
-        return row | dict(ok=False, error=_innermost(exc))
-    ptx = ck.asm["ptx"]
-    maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
-                                                 ptx)})
-    return row | dict(ok=True, shared=ck.metadata.shared, warps=ck.metadata.num_warps,
-                      setmaxnreg=maxnreg, **_ptxas_info(ptx))
+    return _compiled_row(row, fa3p._fa3_persistent_kernel, sig, cx, fa3p.CONSUMER_WARPS.value)
 
 
 def check_persistent() -> list[dict]:
@@ -150,17 +146,8 @@ def compile_bwd(head_dim: int, causal: bool) -> dict:
                dq_ptr="*fp32", dk_ptr="*bf16", dv_ptr="*bf16", lse_ptr="*fp32",
                delta_ptr="*fp32", N="i32", sm_scale="fp32", qk_scale="fp32",
                **{k: "constexpr" for k in cx})
-    try:
-        ck = triton.compile(GluonASTSource(fn=bwd_gluon._flash_bwd_hopper_kernel, signature=sig,
-                                           constexprs=cx),
-                            target=TARGET, options=dict(num_warps=bwd_gluon.CONSUMER_WARPS.value))
-    except Exception as exc:
-        return row | dict(ok=False, error=_innermost(exc))
-    ptx = ck.asm["ptx"]
-    maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
-                                                 ptx)})
-    return row | dict(ok=True, shared=ck.metadata.shared, warps=ck.metadata.num_warps,
-                      setmaxnreg=maxnreg, **_ptxas_info(ptx))
+    return _compiled_row(row, bwd_gluon._flash_bwd_hopper_kernel, sig, cx,
+                         bwd_gluon.CONSUMER_WARPS.value)
 
 
 def check_bwd() -> list[dict]:

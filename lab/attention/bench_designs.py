@@ -115,9 +115,11 @@ def probe(name: str) -> dict:
     return out
 
 
-def _probe_child(name: str) -> dict:
-    code = ("import json, sys; from lab.attention.bench_designs import probe; "
-            f"print(json.dumps(probe({name!r})))")
+def _probe_child(name: str, probe_fn: str = "probe") -> dict:
+    """Run ``probe_fn(name)`` (probe or probe_bwd) in a child process with a time limit: a kernel
+    whose barriers deadlock returns an error row instead of hanging the run."""
+    code = (f"import json, sys; from lab.attention.bench_designs import {probe_fn}; "
+            f"print(json.dumps({probe_fn}({name!r})))")
     try:
         proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                               text=True, timeout=PROBE_TIMEOUT_S)
@@ -182,19 +184,6 @@ def probe_bwd(name: str) -> dict:
     return out
 
 
-def _probe_bwd_child(name: str) -> dict:
-    code = ("import json, sys; from lab.attention.bench_designs import probe_bwd; "
-            f"print(json.dumps(probe_bwd({name!r})))")
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                              text=True, timeout=PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"impl": name, "ok": False, "error": f"no result in {PROBE_TIMEOUT_S} s (hang?)"}
-    if proc.returncode != 0:
-        return {"impl": name, "ok": False, "error": proc.stderr.strip()[-600:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _bwd_peers(q, k, v, do, causal: bool) -> tuple[dict, tuple]:
     """({name: fn() -> grads} of the product's and cuDNN's backward, (o, lse) of the product's
     forward for the designs); each forward runs once here, outside the timing, with its graph
@@ -231,7 +220,7 @@ def run_bwd(quick: bool) -> list[dict]:
     rows, usable = [], []
     designs = _bwd_designs()
     for name in designs:
-        result = _probe_bwd_child(name)
+        result = _probe_child(name, "probe_bwd")
         rows.append(dict(result, **{"pass": "check_bwd"}))
         ratios = [round(c["rel_err"] / c["math_bf16_rel_err"], 2)
                   for c in result.get("checks", [])]
