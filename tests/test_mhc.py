@@ -16,7 +16,12 @@ from kernelnotes._testing import UNIT_ROUNDOFF, poison_allocations, rel_err
 from kernelnotes.mhc import kernel as K
 from kernelnotes.mhc import reference as R
 from kernelnotes.mhc.kernel import _round_bf16, mhc_post, mhc_pre, mhc_pre_from_mixes, split_fn
-from kernelnotes.mhc.torch_reference import mhc_post_torch, mhc_pre_torch
+from kernelnotes.mhc.torch_reference import (
+    mhc_post_torch,
+    mhc_post_vjp_torch,
+    mhc_pre_torch,
+    mhc_pre_vjp_torch,
+)
 from tests._machine import DEVICE, ON_GPU
 from tests._offline import compiled_offline
 
@@ -542,6 +547,54 @@ print(json.dumps({"project": order(project), "fuse": order(fuse), "split": order
     assert ops["project"].index("griddepcontrol.launch_dependents") > max(reads), ops["project"]
 
 
+def test_backward_passes_compile_for_sm90_as_designed():
+    """The backward's passes, compiled for sm_90 without a GPU at their GPU tiles: the pre
+    pass's loop is not software-pipelined (no asynchronous copy to refill the residual tile that
+    one of its MMAs reads, the pipeliner's hazard of _mhc_project_kernel) and waits for its MMAs
+    in the loop; the post pass's 20 row sums a step stay inside a warp (no barrier at all)."""
+    code = r"""
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernelnotes.mhc import kernel as K
+
+def compile_(fn, types, tile, aligned):
+    tile = dict(tile)
+    options = {k: tile.pop(k) for k in ("num_warps", "num_stages") if k in tile}
+    sig = {name: types.get(name, "constexpr") for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn=fn, signature=sig, constexprs=tile, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+f32, bf16 = "*fp32", "*bf16"
+pre = compile_(K._mhc_pre_bwd_kernel,
+               dict(res_ptr=bf16, w_ptr=bf16, g_li_ptr=bf16, g_dot_ptr=f32, g_sq_ptr=f32,
+                    pre_ptr=f32, g_res_ptr=bf16, g_w_ptr=f32, T="i32", H="i32", T_SPLIT="i32"),
+               dict(K.PRE_BWD_TILE, MMA_BF16=True),
+               ("res_ptr", "w_ptr", "g_li_ptr", "g_dot_ptr", "g_res_ptr", "g_w_ptr", "H"))
+ir = pre.asm["ttgir"]
+body = ir[ir.index("scf.for"):ir.index("scf.yield")]
+streams = {}
+for name, fn, types in (
+        ("post", K._mhc_post_bwd_kernel,
+         dict(g_ptr=bf16, f_ptr=bf16, res_ptr=bf16, post_ptr=f32, comb_ptr=f32, g_f_ptr=bf16,
+              g_res_ptr=bf16, g_mix_ptr=f32, T="i32", H="i32")),
+        ("rows", K._mhc_pre_bwd_rows_kernel,
+         dict(res_ptr=bf16, g_li_ptr=bf16, g_pre_ptr=f32, T="i32", H="i32"))):
+    aligned = [a for a, t in types.items() if t.startswith("*")] + ["H"]  # as at H = 7168
+    ptx = compile_(fn, types, K.STREAM_BWD_TILE, aligned).asm["ptx"]
+    streams[name] = len(re.findall(r"bar\.sync", ptx))
+print(json.dumps({"async_copies": body.count("async_copy"),
+                  "mma": len(re.findall(r"ttng\.warp_group_dot |tt\.dot ", body)),
+                  "waits": re.findall(r"warp_group_dot_wait[^\n]*?pendings = (\d+)", body),
+                  "barriers": streams}))
+"""
+    got = compiled_offline(code)
+    assert got["async_copies"] == 0, got
+    assert got["mma"] == 5 and got["waits"] and set(got["waits"]) == {"0"}, got
+    assert got["barriers"]["post"] == 0, got
+
+
 # ---- refusals: one table of bad inputs per public function ----------------------------------
 # Each row: (kind, a function of the good keyword arguments giving the bad ones, the expected
 # outcome). The outcome is (TypeError or ValueError, a regex naming the argument), or "reference":
@@ -772,10 +825,19 @@ def test_opcheck():
     eps = (1e-6, 1e-6, 1e-6, 2.0, 20)
     flat = residual.flatten(1).float()
     dot, sq = (flat @ fn.T)[None].contiguous(), flat.square().sum(-1)[None].contiguous()
+    g = torch.Generator().manual_seed(3)
+    g_li, g_out = (torch.randn(s, generator=g).bfloat16().to(DEVICE) for s in (x.shape,
+                                                                              residual.shape))
+    g_dot, g_sq, pre = (torch.randn(s, generator=g).to(DEVICE) for s in ((3, 24), (3,), (3, 4)))
     cases = [(K._mhc_pre_op, (residual, fn, scale, base, *eps, None, None)),
              (K._mhc_pre_from_mixes_op, (dot, sq, residual, scale, base, *eps, None)),
              (K._mhc_post_op, (x, residual, post, comb, None)),
-             (K._split_fn_op, (fn,))]
+             (K._split_fn_op, (fn,)),
+             # the backwards' passes
+             (K._pre_mixes_op, (residual, fn)),
+             (K._pre_rows_op, (residual, g_li)),
+             (K._pre_residual_backward_op, (residual, fn, g_li, g_dot, g_sq, pre, None)),
+             (K._mhc_post_backward_op, (x, residual, post, comb, g_out))]
     for op, args in cases:
         torch.library.opcheck(op, args)
 
@@ -841,8 +903,9 @@ def _post_f64(x, residual, post, comb):
 
 
 def test_backward_formulas_pass_gradcheck_in_float64():
-    """The backwards (kernel._pre_vjp, _post_vjp) are torch ops of any dtype: in float64, beside
-    the float64 forward, torch.autograd.gradcheck checks them against finite differences."""
+    """The backward's formulas (torch_reference.mhc_pre_vjp_torch, mhc_post_vjp_torch; the
+    Triton backward computes these) are torch ops of any dtype: in float64, beside the float64
+    forward, torch.autograd.gradcheck checks them against finite differences."""
     residual, fn, scale, base, x, post, comb = (t.detach().cpu().double() for t in _small(2, 4))
     kw = dict(rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6, post_mult=2.0, sinkhorn_iters=20)
 
@@ -855,7 +918,7 @@ def test_backward_formulas_pass_gradcheck_in_float64():
 
         @staticmethod
         def backward(ctx, *grads):
-            return K._pre_vjp(*ctx.saved_tensors, *grads, **kw)
+            return mhc_pre_vjp_torch(*ctx.saved_tensors, *grads, **kw)
 
     class Post(torch.autograd.Function):
         @staticmethod
@@ -865,7 +928,7 @@ def test_backward_formulas_pass_gradcheck_in_float64():
 
         @staticmethod
         def backward(ctx, grad):
-            return K._post_vjp(*ctx.saved_tensors, grad)
+            return mhc_post_vjp_torch(*ctx.saved_tensors, grad)
 
     pre_in = [t.clone().requires_grad_() for t in (residual, fn, scale, base)]
     assert torch.autograd.gradcheck(Pre.apply, pre_in, eps=1e-6, atol=1e-6, fast_mode=True)
@@ -916,6 +979,77 @@ def test_gradients_match_float64_autograd_at_full_size():
             assert rel_err(got, want) < TOL_BF16, name
         else:
             assert rel_err(got, want) < 4 * rel_err(eager, want) + 1e-5, name
+
+
+BWD_KW = dict(rms_eps=1e-6, pre_eps=1e-6, sinkhorn_eps=1e-6, post_mult=2.0, sinkhorn_iters=20)
+# The backward's float32 outputs: fn's, scale's and base's gradients go through the projection's
+# mixes (fn carried as two bf16 parts) and fp32 autograd of 20 Sinkhorn steps: the forward's
+# TOL_GATES_PROJECTED. post's and comb's are fp32 sums of H products of bf16 values: 64 u.
+TOL_BWD = {"pre": (TOL_BF16, TOL_GATES_PROJECTED, TOL_GATES_PROJECTED, TOL_GATES_PROJECTED),
+           "post": (TOL_BF16, TOL_BF16, TOL_GATES, TOL_GATES)}
+
+
+def _bwd_inputs(T, H, seed=7):
+    """The inputs of both backwards and the cotangents of every output."""
+    residual, fn, scale, base = make_inputs(T, H, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    post = 2 * torch.rand(T, 4, generator=g)
+    comb = torch.softmax(torch.randn(T, 4, 4, generator=g), -1)
+    g_li = torch.randn(T, H, generator=g).bfloat16()
+    g_post, g_comb = torch.randn(T, 4, generator=g), torch.randn(T, 4, 4, generator=g)
+    g_out = torch.randn(T, 4, H, generator=g).bfloat16()
+    rest = [t.to(DEVICE) for t in (x, post, comb, g_li, g_post, g_comb, g_out)]
+    return residual, fn, scale, base, *rest
+
+
+@pytest.mark.parametrize("T,H", SHAPES + [pytest.param(*s, marks=pytest.mark.gpu)
+                                          for s in ((8192, 7168), (1024, 4096), (3, 1000))])
+def test_backward_kernels_write_every_element_and_match_float64(T, H, monkeypatch):
+    """The Triton backward (kernel._pre_backward, _post_backward) against its formulas in float64
+    on the same inputs, every allocation NaN-poisoned (the recomputed projection's, the token
+    splits' fn-gradient parts, the outputs): T and H leave masked tails in every tile, and in
+    the pre pass's token splits."""
+    residual, fn, scale, base, x, post, comb, g_li, g_post, g_comb, g_out = _bwd_inputs(T, H)
+    poison_allocations(monkeypatch)
+    # two token splits of the pre pass (the default gives one at the CPU's sizes); at T = 33 the
+    # first has two token blocks (16 a block under the interpreter), the second one
+    got = {"pre": K._pre_backward(residual, fn, scale, base, g_li, g_post, g_comb, t_splits=2,
+                                  **BWD_KW),
+           "post": K._post_backward(x, residual, post, comb, g_out)}
+    monkeypatch.undo()
+    f64 = lambda *ts: [t.double() for t in ts]  # noqa: E731
+    want = {"pre": mhc_pre_vjp_torch(*f64(residual, fn, scale, base, g_li, g_post, g_comb),
+                                     **BWD_KW),
+            "post": mhc_post_vjp_torch(*f64(x, residual, post, comb, g_out))}
+    for op in ("pre", "post"):
+        for i, (a, b, tol) in enumerate(zip(got[op], want[op], TOL_BWD[op], strict=True)):
+            assert a.shape == b.shape and not a.isnan().any(), (op, i)
+            assert rel_err(a, b) < tol, (op, i, rel_err(a, b))
+
+
+def test_backward_takes_expanded_and_missing_gradients():
+    """``loss.sum().backward()`` hands the ops an expanded (stride-0) gradient, and a loss of one
+    of mhc_pre's outputs leaves the other two gradients None: each gives the formulas' gradients
+    (float64) for those cotangents."""
+    residual, fn, scale, base, x, post, comb, *_ = _bwd_inputs(5, 40)
+    T, _, H = residual.shape
+    f64 = lambda *ts: [t.double() for t in ts]  # noqa: E731
+    for which in ("layer_input", "post_mix"):
+        r, f = residual.clone().requires_grad_(), fn.clone().requires_grad_()
+        out = mhc_pre(r, f, scale, base)
+        getattr(out, which).sum().backward()
+        ones = torch.ones_like(getattr(out, which), dtype=torch.float64)
+        cots = (ones, None, None) if which == "layer_input" else (None, ones, None)
+        want = mhc_pre_vjp_torch(*f64(residual, fn, scale, base), *cots, **BWD_KW)
+        assert rel_err(r.grad, want[0]) < TOL_BF16, which
+        assert rel_err(f.grad, want[1]) < TOL_GATES_PROJECTED, which
+    ins = [t.clone().requires_grad_() for t in (x, residual, post, comb)]
+    mhc_post(*ins).sum().backward()
+    want = mhc_post_vjp_torch(*f64(x, residual, post, comb),
+                              torch.ones(T, 4, H, dtype=torch.float64, device=DEVICE))
+    for t, w, tol in zip(ins, want, TOL_BWD["post"], strict=True):
+        assert rel_err(t.grad, w) < tol
 
 
 def test_split_fn_refuses_to_drop_a_gradient():

@@ -1,11 +1,12 @@
 """mHC in Triton: the pre step (projection + gates + Sinkhorn + layer input) and the post step.
 
-Order: the jit kernels (split-K projection, big-fuse, post), then the torch-facing launchers
-``mhc_pre``, ``mhc_pre_from_mixes`` and ``mhc_post``. The semantics are DeepSeek-V4's
+Order: the jit kernels (split-K projection, big-fuse, post, then the backward's three passes),
+the backward's launchers, then the torch-facing launchers ``mhc_pre``, ``mhc_pre_from_mixes``
+and ``mhc_post``. The semantics are DeepSeek-V4's
 (report eq. 1-7) and the FlashInfer kernels' (``mhc_pre_big_fuse``, ``mhc_post``, PR #3285);
 docs/posts/08-mhc-kernel-study.md maps one onto the other. Each public function is a
-``kernelnotes::`` torch custom op with a fake implementation and a backward (torch ops that
-recompute what they need).
+``kernelnotes::`` torch custom op with a fake implementation and a backward (Triton passes
+over the [T, 4, H] tensors, torch autograd for the 24 gates a token).
 """
 
 from __future__ import annotations
@@ -373,6 +374,158 @@ def _mhc_post_kernel(
 # --8<-- [end:post_kernel]
 
 
+# --8<-- [start:post_backward_kernel]
+@triton.jit
+def _mhc_post_bwd_kernel(
+    g_ptr,  # *[T, 4, H]: dL/dX_{l+1}, the output's gradient
+    f_ptr,  # *bf16 [T, H]: x = F_l(A_l X_l)
+    res_ptr,  # *bf16 [T, 4, H]: X_l
+    post_ptr,  # *fp32 [T, 4]: C_l
+    comb_ptr,  # *fp32 [T, 4, 4]: comb = B_l^T
+    g_f_ptr,  # *bf16 [T, H] out: sum_k post[k] g_k
+    g_res_ptr,  # *bf16 [T, 4, H] out: stream j gets sum_k comb[j][k] g_k
+    g_mix_ptr,  # *fp32 [T, 20] out: <g_k, x> at slot k, <X_j, g_k> at slot 4 + 4j + k
+    T, H,
+    BLOCK_T: tl.constexpr,  # tokens per program; one warp a token at BLOCK_T = num_warps
+    BLOCK_H: tl.constexpr,
+):
+    offs_t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    mask_t = offs_t < T
+    slot = tl.arange(0, 32)  # the 20 dot products of a token, summed across the H loop
+    dots = tl.zeros((BLOCK_T, 32), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        mask = mask_t[:, None] & (offs_h < H)[None, :]
+        f = _stream_load(f_ptr + offs_t[:, None] * H + offs_h[None, :], mask)
+        row = offs_t[:, None] * (4 * H) + offs_h[None, :]  # stream j at + j * H
+        x0 = _stream_load(res_ptr + row, mask)
+        x1 = _stream_load(res_ptr + row + H, mask)
+        x2 = _stream_load(res_ptr + row + 2 * H, mask)
+        x3 = _stream_load(res_ptr + row + 3 * H, mask)
+        g_f = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        g_x0 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        g_x1 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        g_x2 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        g_x3 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        for k in tl.static_range(4):  # output stream k = C[k] x + sum_j comb[j][k] X_j
+            g = _stream_load(g_ptr + row + k * H, mask)
+            c = comb_ptr + offs_t * 16 + k  # comb[t, j, k] at + 4j
+            g_f += tl.load(post_ptr + offs_t * 4 + k, mask=mask_t, other=0.0)[:, None] * g
+            g_x0 += tl.load(c, mask=mask_t, other=0.0)[:, None] * g
+            g_x1 += tl.load(c + 4, mask=mask_t, other=0.0)[:, None] * g
+            g_x2 += tl.load(c + 8, mask=mask_t, other=0.0)[:, None] * g
+            g_x3 += tl.load(c + 12, mask=mask_t, other=0.0)[:, None] * g
+            # the row sums are over one warp's own token (no shared memory); each lands in its slot
+            dots += tl.where(slot == k, tl.sum(g * f, axis=1)[:, None], 0.0)
+            dots += tl.where(slot == 4 + k, tl.sum(x0 * g, axis=1)[:, None], 0.0)
+            dots += tl.where(slot == 8 + k, tl.sum(x1 * g, axis=1)[:, None], 0.0)
+            dots += tl.where(slot == 12 + k, tl.sum(x2 * g, axis=1)[:, None], 0.0)
+            dots += tl.where(slot == 16 + k, tl.sum(x3 * g, axis=1)[:, None], 0.0)
+        tl.store(g_f_ptr + offs_t[:, None] * H + offs_h[None, :],
+                 _round_bf16(g_f).to(tl.bfloat16), mask=mask)
+        tl.store(g_res_ptr + row, _round_bf16(g_x0).to(tl.bfloat16), mask=mask)
+        tl.store(g_res_ptr + row + H, _round_bf16(g_x1).to(tl.bfloat16), mask=mask)
+        tl.store(g_res_ptr + row + 2 * H, _round_bf16(g_x2).to(tl.bfloat16), mask=mask)
+        tl.store(g_res_ptr + row + 3 * H, _round_bf16(g_x3).to(tl.bfloat16), mask=mask)
+    tl.store(g_mix_ptr + offs_t[:, None] * 20 + slot[None, :], dots,
+             mask=mask_t[:, None] & (slot < 20)[None, :])
+# --8<-- [end:post_backward_kernel]
+
+
+# --8<-- [start:pre_rows_kernel]
+@triton.jit
+def _mhc_pre_bwd_rows_kernel(
+    res_ptr,  # *bf16 [T, 4, H]: X_l
+    g_li_ptr,  # *[T, H]: dL/d layer_input
+    g_pre_ptr,  # *fp32 [T, 4] out: <X_j, g_layer_input>, the gradient of pre_j
+    T, H,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    offs_t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    mask_t = offs_t < T
+    # products summed element-wise across the H loop, across the row once at the end
+    a0 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    a1 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    a2 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    a3 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        mask = mask_t[:, None] & (offs_h < H)[None, :]
+        g = _stream_load(g_li_ptr + offs_t[:, None] * H + offs_h[None, :], mask)
+        row = res_ptr + offs_t[:, None] * (4 * H) + offs_h[None, :]
+        a0 += _stream_load(row, mask) * g
+        a1 += _stream_load(row + H, mask) * g
+        a2 += _stream_load(row + 2 * H, mask) * g
+        a3 += _stream_load(row + 3 * H, mask) * g
+    tl.store(g_pre_ptr + offs_t * 4, tl.sum(a0, axis=1), mask=mask_t)
+    tl.store(g_pre_ptr + offs_t * 4 + 1, tl.sum(a1, axis=1), mask=mask_t)
+    tl.store(g_pre_ptr + offs_t * 4 + 2, tl.sum(a2, axis=1), mask=mask_t)
+    tl.store(g_pre_ptr + offs_t * 4 + 3, tl.sum(a3, axis=1), mask=mask_t)
+# --8<-- [end:pre_rows_kernel]
+
+
+# --8<-- [start:pre_backward_kernel]
+@triton.jit
+def _mhc_pre_bwd_kernel(
+    res_ptr,  # *bf16 [T, K]: X_l read flat, K = 4H
+    w_ptr,  # *bf16 [2, 24, K]: fn as hi + lo parts (_mhc_split_fn_kernel)
+    g_li_ptr,  # *[T, H]: dL/d layer_input
+    g_dot_ptr,  # *fp32 [T, 24]: dL/d dot, dot = x fn^T (from the gates' backward)
+    g_sq_ptr,  # *fp32 [T]: dL/d sq, sq = |x|^2
+    pre_ptr,  # *fp32 [T, 4]: the pre gates
+    g_res_ptr,  # *bf16 [T, K] out: g_dot fn + 2 g_sq x + pre_j g_layer_input
+    g_w_ptr,  # *fp32 [S, 24, K] out: g_dot^T x over each token split
+    T, H, T_SPLIT,  # tokens, H, tokens per split (a multiple of BLOCK_T)
+    BLOCK_T: tl.constexpr,  # the M of g_dot fn and the K of g_dot^T x
+    BLOCK_H: tl.constexpr,
+    MMA_BF16: tl.constexpr,  # False only under the interpreter (see _mhc_project_kernel)
+):
+    # stream fastest: the four programs of an H block read the same g_layer_input tile
+    j = tl.program_id(0) % 4
+    pid_h = tl.program_id(0) // 4
+    pid_s = tl.program_id(1)
+    K = 4 * H
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    col = j * H + offs_h  # [BH]: columns of the flat row and of fn
+    offs_c = tl.arange(0, 32)  # the 24 mixes, padded to the MMA's K
+    mask_w = (offs_c < 24)[:, None] & mask_h[None, :]
+    w_hi = tl.load(w_ptr + offs_c[:, None] * K + col[None, :], mask=mask_w, other=0.0)
+    w_lo = tl.load(w_ptr + (24 + offs_c)[:, None] * K + col[None, :], mask=mask_w, other=0.0)
+    g_w = tl.zeros((32, BLOCK_H), dtype=tl.float32)
+    t_lo = pid_s * T_SPLIT
+    t_hi = tl.minimum(t_lo + T_SPLIT, T)
+    for t0 in range(t_lo, t_hi, BLOCK_T):
+        offs_t = (t0 + tl.arange(0, BLOCK_T)).to(tl.int64)
+        mask_t = offs_t < t_hi
+        mask = mask_t[:, None] & mask_h[None, :]
+        x = tl.load(res_ptr + offs_t[:, None] * K + col[None, :], mask=mask, other=0.0)
+        g_dot = tl.load(g_dot_ptr + offs_t[:, None] * 24 + offs_c[None, :],
+                        mask=mask_t[:, None] & (offs_c < 24)[None, :], other=0.0)
+        if MMA_BF16:
+            # float32 products from bf16 MMAs: g_dot = hi + lo to 2^-16 and fn likewise; the
+            # lo x lo term is below float32's rounding. TF32 would keep 2^-11.
+            d_hi = g_dot.to(tl.bfloat16)
+            d_lo = (g_dot - d_hi.to(tl.float32)).to(tl.bfloat16)
+            g_x = tl.dot(d_hi, w_hi)
+            g_x = tl.dot(d_lo, w_hi, g_x)
+            g_x = tl.dot(d_hi, w_lo, g_x)
+            g_w = tl.dot(tl.trans(d_hi), x, g_w)  # x is bf16: exact
+            g_w = tl.dot(tl.trans(d_lo), x, g_w)
+        else:  # the interpreter multiplies in float32 (numpy)
+            g_x = tl.dot(g_dot, w_hi.to(tl.float32) + w_lo.to(tl.float32))
+            g_w = tl.dot(tl.trans(g_dot), x.to(tl.float32), g_w)
+        g_sq = tl.load(g_sq_ptr + offs_t, mask=mask_t, other=0.0)
+        pre = tl.load(pre_ptr + offs_t * 4 + j, mask=mask_t, other=0.0)
+        g_li = _stream_load(g_li_ptr + offs_t[:, None] * H + offs_h[None, :], mask)
+        g_x += (2.0 * g_sq)[:, None] * x.to(tl.float32) + pre[:, None] * g_li
+        tl.store(g_res_ptr + offs_t[:, None] * K + col[None, :], _round_bf16(g_x).to(tl.bfloat16),
+                 mask=mask)
+    tl.store(g_w_ptr + (pid_s * 24 + offs_c)[:, None] * K + col[None, :], g_w, mask=mask_w)
+# --8<-- [end:pre_backward_kernel]
+
+
 # --8<-- [start:configs]
 # The streaming kernels, (BLOCK_T, BLOCK_H, num_warps): 512 to 4096 elements per stream and
 # program, 4 to 16 bf16 per thread and stream, four streams in flight per thread; BLOCK_T = 1
@@ -409,6 +562,23 @@ META_T = {"cuda": 128, "cpu": 16}
 _fuse_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T", "S"])(_mhc_pre_fuse_kernel)
 _post_tuned = triton.autotune(STREAM_CONFIGS, key=["H", "T"])(_mhc_post_kernel)
 # --8<-- [end:configs]
+
+
+# --8<-- [start:backward_tiles]
+# The backward's streaming passes (post backward, pre rows): BLOCK_T = num_warps, so that a warp
+# owns a token and the row sums need no shared memory; 256 columns a step, 8 bf16 (16 bytes) a
+# thread.
+STREAM_BWD_TILE = {"BLOCK_T": 4, "BLOCK_H": 256, "num_warps": 4}
+# The pre step's main pass: 64 tokens (the MMA's M) by 64 columns, g_dot fn and g_dot^T x on
+# the tensor cores, token splits for about two programs an SM (torch sums their fn-gradients).
+# One stage, no software pipelining: the residual tile feeds an MMA and registers, the pattern
+# that Triton's pipeliner gives a buffer too few (_mhc_project_kernel); other programs on the
+# SM hide the loads' latency.
+PRE_BWD_TILE = {"BLOCK_T": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 1}
+# Under the interpreter: small tiles, so that the tests' sizes leave masked tails.
+INTERPRETER_BWD_TILES = {"stream": {"BLOCK_T": 2, "BLOCK_H": 16, "num_warps": 4},
+                         "pre": {"BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 1}}
+# --8<-- [end:backward_tiles]
 
 
 # --8<-- [start:run_tuned]
@@ -595,72 +765,94 @@ def _post(x, residual, post_mix, comb_mix, config):
     return out
 
 
+def _backward_tiles(device: torch.device) -> tuple[dict, dict]:
+    """(the streaming passes' tile, the pre pass's tile) on ``device``."""
+    if device.type == "cuda":
+        return STREAM_BWD_TILE, PRE_BWD_TILE
+    return INTERPRETER_BWD_TILES["stream"], INTERPRETER_BWD_TILES["pre"]
+
+
 # --8<-- [start:backward]
-def _gates_vjp(dot, sq, x, scale, base, g_li, g_post, g_comb, *, rms_eps, pre_eps,
-               sinkhorn_eps, post_mult, sinkhorn_iters):
-    """The backward of the gates and of layer_input = sum_j pre_j X_j, given the raw mixes
-    ``dot`` [T, 24], the sums of squares ``sq`` [T] (recomputed or given) and the residual
-    ``x`` [T, 4, H] in the compute dtype (float32, or float64 for float64 inputs). The 24
-    numbers a token are recomputed under autograd (the torch reference's gates, Sinkhorn
-    included); the [T, 4, H] parts are written out by hand. Returns (g_dot, g_sq, pre,
-    g_layer_input, g_scale, g_base): layer_input's own term of g_X is pre_j g_layer_input."""
+def _post_backward(x, residual, post_mix, comb_mix, grad):
+    """mhc_post's backward: (g_x, g_residual, g_post_mix, g_comb_mix), each in its input's dtype.
+
+    From out[k] = post[k] x + sum_j comb[j][k] X[j]: g_x = sum_k post[k] g[k],
+    g_X[j] = sum_k comb[j][k] g[k], g_post[k] = <g[k], x>, g_comb[j][k] = <X[j], g[k]>, in one
+    pass over g, x and X (float32 sums, bf16 outputs rounded once).
+    """
+    T, _, H = residual.shape
+    stream, _ = _backward_tiles(residual.device)
+    grad = grad.contiguous()  # autograd may hand over an expanded (stride-0) gradient
+    g_x, g_res = torch.empty_like(x), torch.empty_like(residual)
+    g_mix = torch.empty((T, 20), dtype=torch.float32, device=residual.device)
+    _mhc_post_bwd_kernel[(cdiv(T, stream["BLOCK_T"]),)](
+        grad, x, residual, post_mix, comb_mix, g_x, g_res, g_mix, T, H, **stream)
+    g_post = g_mix[:, :N_HC].reshape(post_mix.shape).to(post_mix.dtype, copy=True)
+    g_comb = g_mix[:, N_HC:].reshape(T, N_HC, N_HC).to(comb_mix.dtype, copy=True)
+    return g_x, g_res, g_post, g_comb
+
+
+def _gates_backward(dot, sq, g_pre, H, scale, base, g_post, g_comb, *, rms_eps, pre_eps,
+                   sinkhorn_eps, post_mult, sinkhorn_iters):
+    """The backward of the 24 gates a token, by torch autograd of the torch reference's gates
+    (Sinkhorn included), recomputed from the raw mixes ``dot`` [T, 24] and the sums of squares
+    ``sq`` [T] (float32): (g_dot, g_sq, pre, g_scale, g_base), given the gradients of pre
+    (``g_pre`` [T, 4]), post and comb (None for an unused output)."""
     from kernelnotes.mhc.torch_reference import gates_torch
 
-    T, _, H = x.shape
-    acc = x.dtype
-    g_li = torch.zeros((T, H), dtype=acc, device=x.device) if g_li is None else g_li.to(acc)
-    g_post = torch.zeros((T, N_HC), dtype=acc, device=x.device) if g_post is None \
-        else g_post.to(acc).reshape(T, N_HC)
-    g_comb = torch.zeros((T, N_HC, N_HC), dtype=acc, device=x.device) if g_comb is None \
-        else g_comb.to(acc)
-    g_pre = torch.bmm(x, g_li[:, :, None])[:, :, 0]  # d layer_input / d pre_j = X_j  [T, 4]
+    T = dot.shape[0]
+    g_post = torch.zeros_like(dot[:, :N_HC]) if g_post is None else g_post.float().reshape(T, N_HC)
+    g_comb = (torch.zeros((T, N_HC, N_HC), dtype=dot.dtype, device=dot.device)
+              if g_comb is None else g_comb.float())
     with torch.enable_grad():
-        d, q, sc, b = (t.detach().to(acc).requires_grad_() for t in (dot, sq, scale, base))
+        d, q, sc, b = (t.detach().float().requires_grad_() for t in (dot, sq, scale, base))
         rstd = torch.rsqrt(q / (N_HC * H) + rms_eps)  # 1 / RMS(vec X_l)
         pre, post, comb = gates_torch(d * rstd[:, None], sc, b, pre_eps=pre_eps,
                                       sinkhorn_eps=sinkhorn_eps, post_mult=post_mult,
                                       sinkhorn_iters=sinkhorn_iters)
         g_dot, g_sq, g_scale, g_base = torch.autograd.grad(
             (pre, post, comb), (d, q, sc, b), (g_pre, g_post, g_comb))
-    return g_dot, g_sq, pre.detach(), g_li, g_scale, g_base
+    return g_dot, g_sq, pre.detach(), g_scale, g_base
 
 
-def _pre_vjp(residual, fn, scale, base, g_li, g_post, g_comb, **kw):
-    """mhc_pre's backward: (g_residual, g_fn, g_scale, g_base), each in its input's dtype.
-
-    With x = vec(X_l) and w = fn (hi + lo for a split fn): dot = x w^T and sq = |x|^2 are
-    recomputed (one skinny GEMM, one dot product a token); then
-    g_x = g_dot w + 2 g_sq x + pre (x) g_layer_input and g_w = g_dot^T x, the [T, 4H] terms
-    accumulated in place. A split fn's two parts both get g_w (fn = hi + lo)."""
+def _pre_rows(residual, g_li):
+    """g_pre [T, 4] float32: <X_j, g_layer_input> for each token and stream j."""
     T, _, H = residual.shape
-    acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
-    x = residual.reshape(T, N_HC * H).to(acc)  # the one conversion of the residual
-    w = fn.to(acc) if fn.ndim == 2 else fn[0].to(acc) + fn[1].to(acc)
-    dot, sq = x @ w.T, torch.bmm(x[:, None, :], x[:, :, None])[:, 0, 0]
-    g_dot, g_sq, pre, g_li, g_scale, g_base = _gates_vjp(
-        dot, sq, x.view(T, N_HC, H), scale, base, g_li, g_post, g_comb, **kw)
-    g_x = (g_dot @ w).addcmul_(x, (2 * g_sq)[:, None])  # [T, 4H]
-    g_res = g_x.view(T, N_HC, H).addcmul_(pre[:, :, None], g_li[:, None, :])
-    g_w = g_dot.T @ x  # [24, 4H]
-    g_fn = g_w if fn.ndim == 2 else torch.stack((g_w, g_w))
-    return (g_res.to(residual.dtype), g_fn.to(fn.dtype), g_scale.to(scale.dtype),
-            g_base.to(base.dtype))
+    stream, _ = _backward_tiles(residual.device)
+    g_pre = torch.empty((T, N_HC), dtype=torch.float32, device=residual.device)
+    _mhc_pre_bwd_rows_kernel[(cdiv(T, stream["BLOCK_T"]),)](residual, g_li, g_pre, T, H, **stream)
+    return g_pre
 
 
-def _post_vjp(x, residual, post_mix, comb_mix, grad):
-    """mhc_post's backward, from out[k] = post[k] x + sum_j comb[j][k] X[j]:
-    g_x = sum_k post[k] g[k], g_X[j] = sum_k comb[j][k] g[k], g_post[k] = <g[k], x>,
-    g_comb[j][k] = <X[j], g[k]>, each in its input's dtype (batched matrix products, so no
-    [T, 4, 4, H] temporary)."""
-    acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
-    g, xf, res = grad.to(acc), x.to(acc), residual.to(acc)
-    post, comb = post_mix.to(acc).reshape(g.shape[0], N_HC), comb_mix.to(acc)
-    g_x = torch.bmm(post[:, None, :], g)[:, 0]  # [T, H]
-    g_res = torch.bmm(comb, g)  # [T, 4, H]
-    g_post = torch.bmm(g, xf[:, :, None])[:, :, 0].reshape(post_mix.shape)
-    g_comb = torch.bmm(res, g.transpose(1, 2))  # [T, 4(j), 4(k)]
-    return (g_x.to(x.dtype), g_res.to(residual.dtype), g_post.to(post_mix.dtype),
-            g_comb.to(comb_mix.dtype))
+def _pre_mixes(residual, fn):
+    """dot = x fn^T [T, 24] and sq = |x|^2 [T] (float32), x = vec(X_l): the forward's split-K
+    projection (fn split into bf16 hi + lo parts first, unless given split)."""
+    w = fn if fn.dtype == torch.bfloat16 else _split_fn(fn)
+    config = None if residual.device.type == "cuda" else INTERPRETER_CONFIG["project"]
+    dot_mix, sqrsum = _project(residual, w, None, config)
+    return dot_mix.sum(0), sqrsum.sum(0)
+
+
+def _pre_residual_backward(residual, fn, g_li, g_dot, g_sq, pre, t_splits=None):
+    """(g_residual [T, 4, H] bf16, g_fn in fn's shape and dtype): one pass writes
+    g_x = g_dot fn + 2 g_sq x + pre (x) g_layer_input and sums g_fn = g_dot^T x. A split fn's
+    two parts both get g_fn (fn = hi + lo). ``t_splits``: the pass's token splits, whose fn
+    gradients torch sums (default: enough programs for about two an SM)."""
+    T, _, H = residual.shape
+    _, tile = _backward_tiles(residual.device)
+    w = fn if fn.dtype == torch.bfloat16 else _split_fn(fn)
+    n_cols = N_HC * cdiv(H, tile["BLOCK_H"])
+    S = t_splits or max(1, min(cdiv(2 * _sm_count(residual.device), n_cols),
+                              cdiv(T, tile["BLOCK_T"])))
+    t_split = cdiv(cdiv(T, S), tile["BLOCK_T"]) * tile["BLOCK_T"]
+    S = cdiv(T, t_split)
+    g_res = torch.empty_like(residual)
+    g_w = torch.empty((S, N_MIX, N_HC * H), dtype=torch.float32, device=residual.device)
+    _mhc_pre_bwd_kernel[(n_cols, S)](
+        residual, w, g_li, g_dot.contiguous(), g_sq.contiguous(), pre.contiguous(), g_res, g_w,
+        T, H, t_split, MMA_BF16=residual.device.type == "cuda", **tile)
+    g_w = g_w.sum(0)
+    return g_res, (g_w if fn.ndim == 2 else torch.stack((g_w, g_w)).to(fn.dtype))
 # --8<-- [end:backward]
 
 
@@ -702,9 +894,62 @@ def _mhc_pre_setup(ctx, inputs, output):
     ctx.kw = _eps(inputs[4:9])
 
 
+# The backwards' Triton passes are custom ops too, so that AOTAutograd traces a compiled model's
+# backward through them (with their fake implementations) instead of into their launches; the
+# gates' backward between them is torch autograd, which a custom op's body would not record.
+@torch.library.custom_op("kernelnotes::mhc_pre_mixes", mutates_args=())
+def _pre_mixes_op(residual: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _pre_mixes(residual, fn)
+
+
+@_pre_mixes_op.register_fake
+def _(residual, fn):
+    T = residual.shape[0]
+    return (residual.new_empty((T, N_MIX), dtype=torch.float32),
+            residual.new_empty((T,), dtype=torch.float32))
+
+
+@torch.library.custom_op("kernelnotes::mhc_pre_rows", mutates_args=())
+def _pre_rows_op(residual: torch.Tensor, g_li: torch.Tensor) -> torch.Tensor:
+    return _pre_rows(residual, g_li)
+
+
+@_pre_rows_op.register_fake
+def _(residual, g_li):
+    return residual.new_empty((residual.shape[0], N_HC), dtype=torch.float32)
+
+
+@torch.library.custom_op("kernelnotes::mhc_pre_residual_backward", mutates_args=())
+def _pre_residual_backward_op(residual: torch.Tensor, fn: torch.Tensor, g_li: torch.Tensor,
+                              g_dot: torch.Tensor, g_sq: torch.Tensor, pre: torch.Tensor,
+                              t_splits: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _pre_residual_backward(residual, fn, g_li, g_dot, g_sq, pre, t_splits)
+
+
+@_pre_residual_backward_op.register_fake
+def _(residual, fn, g_li, g_dot, g_sq, pre, t_splits):
+    return torch.empty_like(residual), torch.empty_like(fn)
+
+
+def _pre_backward(residual, fn, scale, base, g_li, g_post, g_comb, *, t_splits=None, **kw):
+    """mhc_pre's backward: (g_residual, g_fn, g_scale, g_base), each in its input's dtype.
+
+    With x = vec(X_l): dot = x fn^T and sq = |x|^2 recomputed by the forward's projection,
+    g_pre = <X_j, g_layer_input> by one pass, the gates' backward by autograd, then one pass for
+    g_x = g_dot fn + 2 g_sq x + pre (x) g_layer_input and g_fn = g_dot^T x.
+    """
+    T, _, H = residual.shape
+    g_li = (torch.zeros((T, H), dtype=residual.dtype, device=residual.device) if g_li is None
+            else g_li.contiguous())
+    dot, sq = _pre_mixes_op(residual, fn)
+    g_dot, g_sq, pre, g_scale, g_base = _gates_backward(
+        dot, sq, _pre_rows_op(residual, g_li), H, scale, base, g_post, g_comb, **kw)
+    g_res, g_fn = _pre_residual_backward_op(residual, fn, g_li, g_dot, g_sq, pre, t_splits)
+    return g_res, g_fn, g_scale.to(scale.dtype), g_base.to(base.dtype)
+
+
 def _mhc_pre_backward(ctx, g_li, g_post, g_comb):
-    residual, fn, scale, base = ctx.saved_tensors
-    grads = _pre_vjp(residual, fn, scale, base, g_li, g_post, g_comb, **ctx.kw)
+    grads = _pre_backward(*ctx.saved_tensors, g_li, g_post, g_comb, **ctx.kw)
     return *grads, None, None, None, None, None, None, None
 
 
@@ -736,11 +981,13 @@ def _from_mixes_setup(ctx, inputs, output):
 
 def _from_mixes_backward(ctx, g_li, g_post, g_comb):
     dot_mix, sqrsum, residual, scale, base = ctx.saved_tensors
-    acc = torch.float64 if residual.dtype == torch.float64 else torch.float32
-    g_dot, g_sq, pre, g_li, g_scale, g_base = _gates_vjp(
-        dot_mix.sum(0), sqrsum.sum(0), residual.to(acc), scale, base, g_li, g_post, g_comb,
-        **ctx.kw)
-    g_res = pre[:, :, None] * g_li[:, None, :]  # through layer_input only
+    T, _, H = residual.shape
+    g_li = (torch.zeros((T, H), dtype=residual.dtype, device=residual.device) if g_li is None
+            else g_li.contiguous())
+    g_dot, g_sq, pre, g_scale, g_base = _gates_backward(
+        dot_mix.sum(0), sqrsum.sum(0), _pre_rows_op(residual, g_li), H, scale, base, g_post,
+        g_comb, **ctx.kw)
+    g_res = pre[:, :, None] * g_li.float()[:, None, :]  # through layer_input only
     S = dot_mix.shape[0]  # every split partial enters the sum with weight 1
     return (g_dot.expand(S, *g_dot.shape).to(dot_mix.dtype),
             g_sq.expand(S, *g_sq.shape).to(sqrsum.dtype), g_res.to(residual.dtype),
@@ -765,8 +1012,20 @@ def _mhc_post_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:4])
 
 
+@torch.library.custom_op("kernelnotes::mhc_post_backward", mutates_args=())
+def _mhc_post_backward_op(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor,
+                          comb_mix: torch.Tensor, grad: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _post_backward(x, residual, post_mix, comb_mix, grad)
+
+
+@_mhc_post_backward_op.register_fake
+def _(x, residual, post_mix, comb_mix, grad):
+    return tuple(torch.empty_like(t) for t in (x, residual, post_mix, comb_mix))
+
+
 def _mhc_post_backward(ctx, grad):
-    return *_post_vjp(*ctx.saved_tensors, grad), None
+    return *_mhc_post_backward_op(*ctx.saved_tensors, grad), None
 
 
 _mhc_post_op.register_autograd(_mhc_post_backward, setup_context=_mhc_post_setup)
@@ -806,7 +1065,8 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     already split by `split_fn` (once, when the weights load), two launches, the same
     bits. A ``kernelnotes::mhc_pre`` custom op: works under ``torch.compile`` and
     ``FakeTensorMode``, and is differentiable with respect to residual, fn, scale and base
-    (the backward recomputes the projection and the gates with torch ops).
+    (the backward recomputes the projection with this kernel and the gates with torch ops, then
+    writes the residual's gradient in one Triton pass).
 
     Args:
         residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1, any H >= 1; CUDA (CPU under
