@@ -278,7 +278,25 @@ def table_small_t() -> str:
                             "reduce-overhead (µs)", "eager, graph (µs)",
                             "torch.compile, graph (µs)"], rows)
     return (f"{table}\n\n{provenance(res['meta'])} \"pending\": not in this run of the "
-            "benchmark (the next run writes it).")
+            f"benchmark (the next run writes it).\n\n{_small_t_summary(direct, graph)}")
+
+
+def _small_t_summary(direct: dict, graph: dict) -> str:
+    """What the small-T table shows, computed from it: the graph's gain over a direct call, and
+    how often reduce-overhead, timed per call from the host, beat the direct call."""
+    keys = [k for k in graph if k[1] == "triton" and direct.get(k)]
+    gains = [direct[k] / graph[k] for k in keys]
+    ro = [(direct[k], direct[(k[0], REDUCE_OVERHEAD, k[2], k[3])]) for k in keys
+          if direct.get((k[0], REDUCE_OVERHEAD, k[2], k[3]))]
+    text = (f"Replayed from a CUDA graph, a call took {min(gains):.1f}x to {max(gains):.0f}x "
+            "less time than the direct call.")
+    if ro:
+        wins = sum(r < d for d, r in ro)
+        text += (f" `torch.compile(mode=\"reduce-overhead\")` around a single op, timed per call "
+                 f"from the host, beat the direct call in {wins} of the {len(ro)} rows: around one "
+                 "op, its own work on the host per call is of the order of the launches it "
+                 "saves.")
+    return text
 
 
 def table_backward() -> str:
