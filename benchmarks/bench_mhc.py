@@ -246,7 +246,7 @@ def _small_t(quick: bool, triton_impl, eager_impl, compiled) -> list[dict]:
 def _backward(quick: bool) -> list[dict]:
     """The backward at T = 8192, H = 7168: alone (one graph built, then torch.autograd.grad with
     retain_graph, timed by do_bench), and forward + backward as a training step pays them. The
-    custom ops' (Triton passes over the residual, torch autograd for the 24 gates a token)
+    custom ops' (Triton passes over the residual and over the 24 gates a token)
     against eager autograd of the float32 torch reference."""
     import torch
 

@@ -551,7 +551,8 @@ def test_backward_passes_compile_for_sm90_as_designed():
     """The backward's passes, compiled for sm_90 without a GPU at their GPU tiles: the pre
     pass's loop is not software-pipelined (no asynchronous copy to refill the residual tile that
     one of its MMAs reads, the pipeliner's hazard of _mhc_project_kernel) and waits for its MMAs
-    in the loop; the post pass's 20 row sums a step stay inside a warp (no barrier at all)."""
+    in the loop; the post pass's 20 row sums a step stay inside a warp (no barrier at all); the
+    gates' backward compiles at its GPU block."""
     code = r"""
 import json, re, triton
 from triton.backends.compiler import GPUTarget
@@ -584,7 +585,13 @@ for name, fn, types in (
     aligned = [a for a, t in types.items() if t.startswith("*")] + ["H"]  # as at H = 7168
     ptx = compile_(fn, types, K.STREAM_BWD_TILE, aligned).asm["ptx"]
     streams[name] = len(re.findall(r"bar\.sync", ptx))
-print(json.dumps({"async_copies": body.count("async_copy"),
+gates = compile_(K._mhc_gates_bwd_kernel,
+                 {name: ("*fp32" if name.endswith("_ptr") else "fp32")
+                  for name in K._mhc_gates_bwd_kernel.arg_names if name != "BLOCK_T"}
+                 | dict(T="i32", sinkhorn_iters="i32"),
+                 dict(BLOCK_T=K.GATES_BWD_BLOCK_T["cuda"], num_warps=K.GATES_BWD_WARPS), ())
+print(json.dumps({"gates_warps": gates.metadata.num_warps,
+                  "async_copies": body.count("async_copy"),
                   "mma": len(re.findall(r"ttng\.warp_group_dot |tt\.dot ", body)),
                   "waits": re.findall(r"warp_group_dot_wait[^\n]*?pendings = (\d+)", body),
                   "barriers": streams}))
@@ -593,6 +600,7 @@ print(json.dumps({"async_copies": body.count("async_copy"),
     assert got["async_copies"] == 0, got
     assert got["mma"] == 5 and got["waits"] and set(got["waits"]) == {"0"}, got
     assert got["barriers"]["post"] == 0, got
+    assert got["gates_warps"] == K.GATES_BWD_WARPS, got
 
 
 # ---- refusals: one table of bad inputs per public function ----------------------------------
@@ -837,6 +845,8 @@ def test_opcheck():
              (K._pre_mixes_op, (residual, fn)),
              (K._pre_rows_op, (residual, g_li)),
              (K._pre_residual_backward_op, (residual, fn, g_li, g_dot, g_sq, pre, None)),
+             (K._gates_backward_op, (g_dot, torch.rand(3, device=DEVICE) + 1, pre, 16, scale,
+                                     base, pre, None, *eps)),
              (K._mhc_post_backward_op, (x, residual, post, comb, g_out))]
     for op, args in cases:
         torch.library.opcheck(op, args)
@@ -1026,6 +1036,50 @@ def test_backward_kernels_write_every_element_and_match_float64(T, H, monkeypatc
         for i, (a, b, tol) in enumerate(zip(got[op], want[op], TOL_BWD[op], strict=True)):
             assert a.shape == b.shape and not a.isnan().any(), (op, i)
             assert rel_err(a, b) < tol, (op, i, rel_err(a, b))
+
+
+def _gates_grads_autograd(dot, sq, H, scale, base, cots, dtype, **kw):
+    """(g_dot, g_sq, pre, g_scale, g_base) by autograd of the torch reference's gates in dtype."""
+    from kernelnotes.mhc.torch_reference import gates_torch
+
+    d, q, sc, b = (t.detach().to(dtype).requires_grad_() for t in (dot, sq, scale, base))
+    rstd = torch.rsqrt(q / (4 * H) + kw["rms_eps"])
+    pre, post, comb = gates_torch(d * rstd[:, None], sc, b, pre_eps=kw["pre_eps"],
+                                  sinkhorn_eps=kw["sinkhorn_eps"], post_mult=kw["post_mult"],
+                                  sinkhorn_iters=kw["sinkhorn_iters"])
+    outs = [o for o, c in zip((pre, post, comb), cots, strict=True) if c is not None]
+    grads = torch.autograd.grad(outs, (d, q, sc, b), [c.to(dtype) for c in cots if c is not None])
+    return grads[0], grads[1], pre.detach(), grads[2], grads[3]
+
+
+@pytest.mark.parametrize("T,iters,logit", [(7, 20, 1.0), (5, 1, 1.0), (9, 2, 1.0), (6, 20, 30.0)]
+                         + [pytest.param(8193, 20, 1.0, marks=pytest.mark.gpu)])
+def test_gates_backward_kernel_matches_float64_autograd(T, iters, logit, monkeypatch):
+    """The gates' backward kernel (the Sinkhorn iterations taken back one by one from the inputs
+    it stored on the way forward) against float64 autograd of the torch reference's gates, with
+    NaN-poisoned allocations, T not a multiple of the token block, one and two Sinkhorn
+    iterations, logits of 30 (saturated sigmoids, a near-one-hot softmax) and an unused output
+    (post's gradient None). Held to 4 times float32 autograd's own error."""
+    H = 40
+    g = torch.Generator().manual_seed(T)
+    dot = (logit * torch.randn(T, 24, generator=g) * (4 * H) ** 0.5).to(DEVICE)
+    sq = (4 * H * (0.5 + torch.rand(T, generator=g))).to(DEVICE)
+    scale = (1 + 0.1 * torch.randn(3, generator=g)).to(DEVICE)
+    base = (0.3 * torch.randn(24, generator=g)).to(DEVICE)
+    g_pre, g_comb = (torch.randn(s, generator=g).to(DEVICE) for s in ((T, 4), (T, 4, 4)))
+    kw = dict(BWD_KW, sinkhorn_iters=iters)
+    for g_post in (torch.randn(T, 4, generator=g).to(DEVICE), None):
+        poison_allocations(monkeypatch)
+        got = K._gates_backward(dot, sq, g_pre, H, scale, base, g_post, g_comb, **kw)
+        monkeypatch.undo()
+        cots = (g_pre, g_post, g_comb)
+        want = _gates_grads_autograd(dot, sq, H, scale, base, cots, torch.float64, **kw)
+        eager = _gates_grads_autograd(dot, sq, H, scale, base, cots, torch.float32, **kw)
+        for name, a, w, e in zip(("g_dot", "g_sq", "pre", "g_scale", "g_base"), got, want, eager,
+                                 strict=True):
+            assert a.shape == w.shape and not a.isnan().any(), name
+            assert rel_err(a, w) <= 4 * rel_err(e, w) + 4 * U32, (name, rel_err(a, w),
+                                                                  rel_err(e, w))
 
 
 def test_backward_takes_expanded_and_missing_gradients():

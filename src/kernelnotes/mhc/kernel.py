@@ -1,12 +1,12 @@
 """mHC in Triton: the pre step (projection + gates + Sinkhorn + layer input) and the post step.
 
-Order: the jit kernels (split-K projection, big-fuse, post, then the backward's three passes),
+Order: the jit kernels (split-K projection, big-fuse, post, then the backward's four passes),
 the backward's launchers, then the torch-facing launchers ``mhc_pre``, ``mhc_pre_from_mixes``
 and ``mhc_post``. The semantics are DeepSeek-V4's
 (report eq. 1-7) and the FlashInfer kernels' (``mhc_pre_big_fuse``, ``mhc_post``, PR #3285);
 docs/posts/08-mhc-kernel-study.md maps one onto the other. Each public function is a
 ``kernelnotes::`` torch custom op with a fake implementation and a backward (Triton passes
-over the [T, 4, H] tensors, torch autograd for the 24 gates a token).
+over the [T, 4, H] tensors and one over the 24 gates a token).
 """
 
 from __future__ import annotations
@@ -526,6 +526,105 @@ def _mhc_pre_bwd_kernel(
 # --8<-- [end:pre_backward_kernel]
 
 
+# --8<-- [start:gates_backward_kernel]
+@triton.jit
+def _col_vjp(x, g, eps):
+    """x / (colsum x + eps) (sums over j, axis 1) taken back: its input's gradient from g."""
+    s = tl.sum(x, axis=1)[:, None, :] + eps
+    return (g - tl.sum(g * (x / s), axis=1)[:, None, :]) / s
+
+
+@triton.jit
+def _row_vjp(x, g, eps):
+    """x / (rowsum x + eps) (sums over k, axis 2) taken back."""
+    s = tl.sum(x, axis=2)[:, :, None] + eps
+    return (g - tl.sum(g * (x / s), axis=2)[:, :, None]) / s
+
+
+@triton.jit
+def _mhc_gates_bwd_kernel(
+    dot_ptr,  # *fp32 [T, 24]: the raw mixes x fn^T
+    sq_ptr,  # *fp32 [T]: |x|^2
+    scale_ptr, base_ptr,  # *fp32 [3], [24]
+    g_pre_ptr, g_post_ptr, g_comb_ptr,  # *fp32 [T, 4], [T, 4], [T, 4, 4]: the gates' gradients
+    steps_ptr,  # *fp32 [T, 2 iters - 1, 16] scratch: the input of every Sinkhorn normalisation
+    pre_ptr,  # *fp32 [T, 4] out: the pre gates (recomputed)
+    g_dot_ptr,  # *fp32 [T, 24] out
+    g_sq_ptr,  # *fp32 [T] out
+    g_z_ptr,  # *fp32 [T, 24] out: each slot's logit z = alpha m + S taken back (g_base's part)
+    g_scale_ptr,  # *fp32 [T, 3] out: each token's part of g_scale
+    T, inv_k, rms_eps, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters,
+    BLOCK_T: tl.constexpr,
+):
+    offs_t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    mask_t = offs_t < T
+    r = 1.0 / tl.sqrt(tl.load(sq_ptr + offs_t, mask=mask_t, other=1.0) * inv_k + rms_eps)
+
+    # pre and post: slots 0..7 of a [BT, 8] tile
+    s8 = tl.arange(0, 8)
+    m8 = tl.load(dot_ptr + offs_t[:, None] * 24 + s8[None, :], mask=mask_t[:, None],
+                 other=0.0) * r[:, None]
+    a8 = tl.load(scale_ptr + s8 // 4)  # alpha_pre for slots 0..3, alpha_post for 4..7
+    sig = _sigmoid(m8 * a8[None, :] + tl.load(base_ptr + s8)[None, :])
+    is_pre = (s8 < 4)[None, :]
+    tl.store(pre_ptr + offs_t[:, None] * 4 + s8[None, :], sig + pre_eps,
+             mask=mask_t[:, None] & is_pre)
+    g8 = tl.where(is_pre,
+                  tl.load(g_pre_ptr + offs_t[:, None] * 4 + s8[None, :],
+                          mask=mask_t[:, None] & is_pre, other=0.0),
+                  post_mult * tl.load(g_post_ptr + offs_t[:, None] * 4 + (s8 - 4)[None, :],
+                                      mask=mask_t[:, None] & (s8 >= 4)[None, :], other=0.0))
+    gz8 = g8 * sig * (1.0 - sig)  # d sigmoid
+
+    # comb: Sinkhorn forward on [BT, 4, 4] tiles, each normalisation's input kept for the way back
+    j = tl.arange(0, 4)[None, :, None]
+    k = tl.arange(0, 4)[None, None, :]
+    t3 = offs_t[:, None, None]
+    mask3 = mask_t[:, None, None] & (j >= 0) & (k >= 0)
+    a2 = tl.load(scale_ptr + 2)
+    m16 = tl.load(dot_ptr + t3 * 24 + 8 + 4 * j + k, mask=mask3, other=0.0) * r[:, None, None]
+    z16 = m16 * a2 + tl.load(base_ptr + 8 + 4 * j + k)
+    e = tl.exp(z16 - tl.max(z16, axis=2)[:, :, None])
+    p = e / tl.sum(e, axis=2)[:, :, None]  # the softmax over k
+    c = p + sinkhorn_eps
+    n_steps = 2 * sinkhorn_iters - 1
+    steps = steps_ptr + t3 * (n_steps * 16) + 4 * j + k
+    tl.store(steps, c, mask=mask3)
+    c = c / (tl.sum(c, axis=1)[:, None, :] + sinkhorn_eps)
+    for it in range(1, sinkhorn_iters):
+        tl.store(steps + (2 * it - 1) * 16, c, mask=mask3)
+        c = c / (tl.sum(c, axis=2)[:, :, None] + sinkhorn_eps)
+        tl.store(steps + 2 * it * 16, c, mask=mask3)
+        c = c / (tl.sum(c, axis=1)[:, None, :] + sinkhorn_eps)
+    # ... and back, last normalisation first (each program reads only what it wrote)
+    g = tl.load(g_comb_ptr + t3 * 16 + 4 * j + k, mask=mask3, other=0.0)
+    for i in range(1, sinkhorn_iters):
+        it = sinkhorn_iters - i
+        g = _col_vjp(tl.load(steps + 2 * it * 16, mask=mask3, other=1.0), g, sinkhorn_eps)
+        g = _row_vjp(tl.load(steps + (2 * it - 1) * 16, mask=mask3, other=1.0), g, sinkhorn_eps)
+    g = _col_vjp(tl.load(steps, mask=mask3, other=1.0), g, sinkhorn_eps)
+    gz16 = p * (g - tl.sum(g * p, axis=2)[:, :, None])  # the softmax taken back
+
+    # z = alpha m + S, m = dot r: the slots' logits, g_dot, and r's gradient into sq's
+    tl.store(g_z_ptr + offs_t[:, None] * 24 + s8[None, :], gz8, mask=mask_t[:, None])
+    tl.store(g_z_ptr + t3 * 24 + 8 + 4 * j + k, gz16, mask=mask3)
+    gm8 = gz8 * a8[None, :]
+    gm16 = gz16 * a2
+    tl.store(g_dot_ptr + offs_t[:, None] * 24 + s8[None, :], gm8 * r[:, None],
+             mask=mask_t[:, None])
+    tl.store(g_dot_ptr + t3 * 24 + 8 + 4 * j + k, gm16 * r[:, None, None], mask=mask3)
+    # g_r = sum_slots g_m dot = sum_slots g_m m / r
+    g_r = (tl.sum(gm8 * m8, axis=1) + tl.sum(tl.sum(gm16 * m16, axis=2), axis=1)) / r
+    tl.store(g_sq_ptr + offs_t, -0.5 * g_r * r * r * r * inv_k, mask=mask_t)
+    ga = gz8 * m8
+    tl.store(g_scale_ptr + offs_t * 3, tl.sum(tl.where(is_pre, ga, 0.0), axis=1), mask=mask_t)
+    tl.store(g_scale_ptr + offs_t * 3 + 1, tl.sum(tl.where(is_pre, 0.0, ga), axis=1),
+             mask=mask_t)
+    tl.store(g_scale_ptr + offs_t * 3 + 2, tl.sum(tl.sum(gz16 * m16, axis=2), axis=1),
+             mask=mask_t)
+# --8<-- [end:gates_backward_kernel]
+
+
 # --8<-- [start:configs]
 # The streaming kernels, (BLOCK_T, BLOCK_H, num_warps): 512 to 4096 elements per stream and
 # program, 4 to 16 bf16 per thread and stream, four streams in flight per thread; BLOCK_T = 1
@@ -575,6 +674,10 @@ STREAM_BWD_TILE = {"BLOCK_T": 4, "BLOCK_H": 256, "num_warps": 4}
 # that Triton's pipeliner gives a buffer too few (_mhc_project_kernel); other programs on the
 # SM hide the loads' latency.
 PRE_BWD_TILE = {"BLOCK_T": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 1}
+# The gates' backward: a token a thread (2 warps), so T = 8192 gives 128 programs; the
+# interpreter's block is small, for masked tails.
+GATES_BWD_BLOCK_T = {"cuda": 64, "cpu": 4}
+GATES_BWD_WARPS = 2
 # Under the interpreter: small tiles, so that the tests' sizes leave masked tails.
 INTERPRETER_BWD_TILES = {"stream": {"BLOCK_T": 2, "BLOCK_H": 16, "num_warps": 4},
                          "pre": {"BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 1}}
@@ -793,26 +896,29 @@ def _post_backward(x, residual, post_mix, comb_mix, grad):
 
 
 def _gates_backward(dot, sq, g_pre, H, scale, base, g_post, g_comb, *, rms_eps, pre_eps,
-                   sinkhorn_eps, post_mult, sinkhorn_iters):
-    """The backward of the 24 gates a token, by torch autograd of the torch reference's gates
-    (Sinkhorn included), recomputed from the raw mixes ``dot`` [T, 24] and the sums of squares
-    ``sq`` [T] (float32): (g_dot, g_sq, pre, g_scale, g_base), given the gradients of pre
-    (``g_pre`` [T, 4]), post and comb (None for an unused output)."""
-    from kernelnotes.mhc.torch_reference import gates_torch
-
+                    sinkhorn_eps, post_mult, sinkhorn_iters):
+    """The backward of the 24 gates a token (Sinkhorn included), recomputed from the raw mixes
+    ``dot`` [T, 24] and the sums of squares ``sq`` [T] (float32) in one kernel:
+    (g_dot, g_sq, pre, g_scale, g_base), given the gradients of pre (``g_pre`` [T, 4]), post
+    and comb (None for an unused output)."""
     T = dot.shape[0]
-    g_post = torch.zeros_like(dot[:, :N_HC]) if g_post is None else g_post.float().reshape(T, N_HC)
-    g_comb = (torch.zeros((T, N_HC, N_HC), dtype=dot.dtype, device=dot.device)
-              if g_comb is None else g_comb.float())
-    with torch.enable_grad():
-        d, q, sc, b = (t.detach().float().requires_grad_() for t in (dot, sq, scale, base))
-        rstd = torch.rsqrt(q / (N_HC * H) + rms_eps)  # 1 / RMS(vec X_l)
-        pre, post, comb = gates_torch(d * rstd[:, None], sc, b, pre_eps=pre_eps,
-                                      sinkhorn_eps=sinkhorn_eps, post_mult=post_mult,
-                                      sinkhorn_iters=sinkhorn_iters)
-        g_dot, g_sq, g_scale, g_base = torch.autograd.grad(
-            (pre, post, comb), (d, q, sc, b), (g_pre, g_post, g_comb))
-    return g_dot, g_sq, pre.detach(), g_scale, g_base
+    dev = dot.device
+    g_post = (torch.zeros((T, N_HC), dtype=torch.float32, device=dev) if g_post is None
+              else g_post.float().reshape(T, N_HC).contiguous())
+    g_comb = (torch.zeros((T, N_HC, N_HC), dtype=torch.float32, device=dev) if g_comb is None
+              else g_comb.float().contiguous())
+    steps = torch.empty((T, 2 * sinkhorn_iters - 1, 16), dtype=torch.float32, device=dev)
+    pre = torch.empty((T, N_HC), dtype=torch.float32, device=dev)
+    g_dot, g_z = (torch.empty((T, N_MIX), dtype=torch.float32, device=dev) for _ in range(2))
+    g_sq = torch.empty((T,), dtype=torch.float32, device=dev)
+    g_scale = torch.empty((T, 3), dtype=torch.float32, device=dev)
+    block_t = GATES_BWD_BLOCK_T["cuda" if dev.type == "cuda" else "cpu"]
+    _mhc_gates_bwd_kernel[(cdiv(T, block_t),)](
+        dot.float().contiguous(), sq.float().contiguous(), scale, base, g_pre.float().contiguous(),
+        g_post, g_comb, steps, pre, g_dot, g_sq, g_z, g_scale, T, 1.0 / (N_HC * H),
+        float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult), int(sinkhorn_iters),
+        BLOCK_T=block_t, num_warps=GATES_BWD_WARPS)
+    return g_dot, g_sq, pre, g_scale.sum(0), g_z.sum(0)
 
 
 def _pre_rows(residual, g_li):
@@ -895,8 +1001,28 @@ def _mhc_pre_setup(ctx, inputs, output):
 
 
 # The backwards' Triton passes are custom ops too, so that AOTAutograd traces a compiled model's
-# backward through them (with their fake implementations) instead of into their launches; the
-# gates' backward between them is torch autograd, which a custom op's body would not record.
+# backward through them (with their fake implementations) instead of into their launches.
+@torch.library.custom_op("kernelnotes::mhc_gates_backward", mutates_args=())
+def _gates_backward_op(dot: torch.Tensor, sq: torch.Tensor, g_pre: torch.Tensor, H: int,
+                       scale: torch.Tensor, base: torch.Tensor, g_post: torch.Tensor | None,
+                       g_comb: torch.Tensor | None, rms_eps: float, pre_eps: float,
+                       sinkhorn_eps: float, post_mult: float, sinkhorn_iters: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor]:
+    return _gates_backward(dot, sq, g_pre, H, scale, base, g_post, g_comb, rms_eps=rms_eps,
+                           pre_eps=pre_eps, sinkhorn_eps=sinkhorn_eps, post_mult=post_mult,
+                           sinkhorn_iters=sinkhorn_iters)
+
+
+@_gates_backward_op.register_fake
+def _(dot, sq, g_pre, H, scale, base, g_post, g_comb, rms_eps, pre_eps, sinkhorn_eps, post_mult,
+      sinkhorn_iters):
+    f32 = dict(dtype=torch.float32)
+    return (torch.empty_like(dot, **f32), torch.empty_like(sq, **f32),
+            torch.empty_like(g_pre, **f32), torch.empty_like(scale, **f32),
+            torch.empty_like(base, **f32))
+
+
 @torch.library.custom_op("kernelnotes::mhc_pre_mixes", mutates_args=())
 def _pre_mixes_op(residual: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _pre_mixes(residual, fn)
@@ -935,14 +1061,14 @@ def _pre_backward(residual, fn, scale, base, g_li, g_post, g_comb, *, t_splits=N
     """mhc_pre's backward: (g_residual, g_fn, g_scale, g_base), each in its input's dtype.
 
     With x = vec(X_l): dot = x fn^T and sq = |x|^2 recomputed by the forward's projection,
-    g_pre = <X_j, g_layer_input> by one pass, the gates' backward by autograd, then one pass for
+    g_pre = <X_j, g_layer_input> by one pass, the gates' backward by one kernel, then one pass for
     g_x = g_dot fn + 2 g_sq x + pre (x) g_layer_input and g_fn = g_dot^T x.
     """
     T, _, H = residual.shape
     g_li = (torch.zeros((T, H), dtype=residual.dtype, device=residual.device) if g_li is None
             else g_li.contiguous())
     dot, sq = _pre_mixes_op(residual, fn)
-    g_dot, g_sq, pre, g_scale, g_base = _gates_backward(
+    g_dot, g_sq, pre, g_scale, g_base = _gates_backward_op(
         dot, sq, _pre_rows_op(residual, g_li), H, scale, base, g_post, g_comb, **kw)
     g_res, g_fn = _pre_residual_backward_op(residual, fn, g_li, g_dot, g_sq, pre, t_splits)
     return g_res, g_fn, g_scale.to(scale.dtype), g_base.to(base.dtype)
@@ -984,7 +1110,7 @@ def _from_mixes_backward(ctx, g_li, g_post, g_comb):
     T, _, H = residual.shape
     g_li = (torch.zeros((T, H), dtype=residual.dtype, device=residual.device) if g_li is None
             else g_li.contiguous())
-    g_dot, g_sq, pre, g_scale, g_base = _gates_backward(
+    g_dot, g_sq, pre, g_scale, g_base = _gates_backward_op(
         dot_mix.sum(0), sqrsum.sum(0), _pre_rows_op(residual, g_li), H, scale, base, g_post,
         g_comb, **ctx.kw)
     g_res = pre[:, :, None] * g_li.float()[:, None, :]  # through layer_input only
@@ -1065,8 +1191,8 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     already split by `split_fn` (once, when the weights load), two launches, the same
     bits. A ``kernelnotes::mhc_pre`` custom op: works under ``torch.compile`` and
     ``FakeTensorMode``, and is differentiable with respect to residual, fn, scale and base
-    (the backward recomputes the projection with this kernel and the gates with torch ops, then
-    writes the residual's gradient in one Triton pass).
+    (the backward recomputes the projection with this kernel, takes the gates back in one kernel
+    and writes the residual's gradient in one more pass).
 
     Args:
         residual: X_l, [T, 4, H] bfloat16, contiguous, T >= 1, any H >= 1; CUDA (CPU under
