@@ -115,9 +115,9 @@ def compile_persistent(cfg: fa3p.Config, head_dim: int, causal: bool) -> dict:
     """Compile fa3_persistent's _fa3_persistent_kernel for one configuration, as compile_one."""
     row = dict(config=cfg._asdict(), head_dim=head_dim, causal=causal, design="persistent")
     need = cfg.shared_bytes(head_dim)
-    if need > fa3p.MAX_SHARED_BYTES:
+    if need > fa3.MAX_SHARED_BYTES:
         return row | dict(ok=False, error=f"tiles need {need} B of shared memory, over "
-                                          f"{fa3p.MAX_SHARED_BYTES}")
+                                          f"{fa3.MAX_SHARED_BYTES}")
     cx = dict(CAUSAL=causal, STAGES=cfg.stages, OVERLAP=cfg.overlap)
     sig = dict(q_desc=_desc_type(cfg.block_m, head_dim), k_desc=_desc_type(cfg.block_n, head_dim),
                v_desc=_desc_type(cfg.block_n, head_dim), o_ptr="*bf16", lse_ptr="*fp32",
@@ -136,9 +136,9 @@ def compile_bwd(head_dim: int, causal: bool) -> dict:
     cfg = bwd_gluon.CONFIGS[head_dim]
     row = dict(config=cfg._asdict(), head_dim=head_dim, causal=causal, design="bwd")
     need = cfg.shared_bytes(head_dim)
-    if need > bwd_gluon.MAX_SHARED_BYTES:
+    if need > fa3.MAX_SHARED_BYTES:
         return row | dict(ok=False, error=f"tiles need {need} B of shared memory, over "
-                                          f"{bwd_gluon.MAX_SHARED_BYTES}")
+                                          f"{fa3.MAX_SHARED_BYTES}")
     cx = dict(CAUSAL=causal, STAGES=cfg.stages)
     kw = bwd_gluon.KEYS_PER_WG.value
     sig = dict(q_desc=_desc_type(cfg.block_m, head_dim), do_desc=_desc_type(cfg.block_m, head_dim),

@@ -40,27 +40,27 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-# Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# The product forward's constants (register split, shared memory, head dims) and TMA load
+from kernelnotes.attention.hopper import (
+    CONSUMER_REGS,
+    CONSUMER_WARPS,
+    HEAD_DIMS,
+    LOG2E,
+    PRODUCER_REGS,
+    PRODUCER_WARPS,
+    ROW_MULTIPLE,
+    tma_load,
+)
 
-LOG2E = 1.4426950408889634
 LOG2E_C = gl.constexpr(LOG2E)
-CONSUMER_REGS = gl.constexpr(240)
-PRODUCER_REGS = gl.constexpr(24)
-CONSUMER_WARPS = gl.constexpr(4)
-PRODUCER_WARPS = gl.constexpr(1)
 KEYS_PER_WG = gl.constexpr(64)  # key rows of each consumer warpgroup: a wgmma's M
 DQ_CHUNK = gl.constexpr(64)  # columns of dQ a wgmma computes (and atomically adds) at a time
 BLOCK_N = 128  # key rows of a program (two warpgroups)
 
-MAX_SHARED_BYTES = 227 * 1024
-HEAD_DIMS = (64, 128)
-ROW_MULTIPLE = 128
 
 
 class Config(NamedTuple):
@@ -94,8 +94,8 @@ def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_sm
     head_row = pid_bh * N
     mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for w in gl.static_range(2):
-        _tma_load(k_desc, [head_row + n0 + w * KW, 0], kv_ready, k_smem.index(w))
-        _tma_load(v_desc, [head_row + n0 + w * KW, 0], kv_ready, v_smem.index(w))
+        tma_load(k_desc, [head_row + n0 + w * KW, 0], kv_ready, k_smem.index(w))
+        tma_load(v_desc, [head_row + n0 + w * KW, 0], kv_ready, v_smem.index(w))
     if CAUSAL:
         m_start = n0 // BLOCK_M
     else:
@@ -106,8 +106,8 @@ def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_sm
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)  # the first round passes
         mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        _tma_load(q_desc, [head_row + i * BLOCK_M, 0], ready.index(s), q_smem.index(s))
-        _tma_load(do_desc, [head_row + i * BLOCK_M, 0], ready.index(s), do_smem.index(s))
+        tma_load(q_desc, [head_row + i * BLOCK_M, 0], ready.index(s), q_smem.index(s))
+        tma_load(do_desc, [head_row + i * BLOCK_M, 0], ready.index(s), do_smem.index(s))
 
 
 @gluon.jit

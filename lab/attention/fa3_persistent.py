@@ -42,29 +42,31 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-# Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# The product's constants (register split, shared memory, head dims) and schedule blocks
+from kernelnotes.attention.hopper import (
+    CONSUMER_REGS,
+    CONSUMER_WARPS,
+    HEAD_DIMS,
+    LN2,
+    LOG2E,
+    MAX_SHARED_BYTES,
+    PRODUCER_REGS,
+    PRODUCER_WARPS,
+    ROW_MULTIPLE,
+    key_tiles,
+    lpt_heads,
+    pass_turn,
+    softmax_step,
+    take_turn,
+    tma_load,
+    turns,
+)
 
-LOG2E = 1.4426950408889634  # scores in the log2 domain: exp(x) = exp2(x log2 e)
-LN2 = gl.constexpr(0.6931471805599453)  # the log-sum-exp goes back to natural log
-
-# FlashAttention-3's register split, as hopper.py: 2 x 128 consumer threads at 240 and the
-# producer's warpgroup (one warp padded to four) at 24
-CONSUMER_REGS = gl.constexpr(240)
-PRODUCER_REGS = gl.constexpr(24)
-CONSUMER_WARPS = gl.constexpr(4)
-PRODUCER_WARPS = gl.constexpr(1)
-
-MAX_SHARED_BYTES = 227 * 1024
-HEAD_DIMS = (64, 128)
-ROW_MULTIPLE = 128
 Q_BUFFERS = gl.constexpr(2)  # query tiles a consumer warpgroup holds: tile i and tile i + 1
-LPT_L2_BYTES = 16 << 20  # heads a longest-first group: their K and V fill about this much L2
 
 
 class Config(NamedTuple):
@@ -109,20 +111,6 @@ def _tile_coords(t, n_m, n_bh, LPT_HEADS, CAUSAL: gl.constexpr):
     return pid_m, pid_bh
 
 
-@gluon.jit
-def _key_tiles(row0, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Key tiles of query rows row0 .. row0 + BLOCK_M: [0, n_full) unmasked, [n_full, n_seen)
-    the diagonal (masked)."""
-    n_tiles = N // BLOCK_N
-    if CAUSAL:
-        n_full = gl.minimum((row0 + 1) // BLOCK_N, n_tiles)
-        n_seen = gl.minimum(gl.cdiv(row0 + BLOCK_M, BLOCK_N), n_tiles)
-    else:
-        n_full = n_tiles
-        n_seen = n_tiles
-    return n_full, n_seen
-
-
 # --------------------------------------------------------------------------- mbarrier phases
 # Every ring below follows one rule. An mbarrier's phase flips each time its expected arrivals
 # (and, for TMA, bytes) are complete; wait(bar, parity) returns once the phase of that parity
@@ -133,46 +121,12 @@ def _key_tiles(row0, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl
 #   K/V:  n = c, the program's key-tile count (c = sum of the earlier tiles' n_all + j), R = stages
 #   Q:    n = i, the program's tile count, R = Q_BUFFERS, one ring per consumer warpgroup
 #   turn: warpgroup WG's k-th turn (k a running count) waits turn[WG] for parity (k & 1) ^ (1-WG)
+# (hopper.take_turn with k counted from the program's first tile: each warpgroup takes
+# turns(n_all) turns on every tile, so turns still strictly alternate and turn[WG] never runs
+# two phases ahead of its waiter)
 @gluon.jit
 def _phase(n, R: gl.constexpr):
     return (n // R) & 1
-
-
-@gluon.jit
-def _take_turn(turn, k, WG: gl.constexpr):
-    """Wait for this warpgroup's k-th turn (k counts from the program's first tile). Warpgroup 0
-    goes first (parity 1 on a fresh barrier passes). Turns strictly alternate over the whole
-    program - each warpgroup takes _turns(n_all) turns on every tile - so turn[WG] never runs
-    two phases ahead of its waiter."""
-    mbarrier.wait(turn.index(WG), (k & 1) ^ (1 - WG))
-
-
-@gluon.jit
-def _pass_turn(turn, WG: gl.constexpr):
-    mbarrier.arrive(turn.index(1 - WG), count=1)
-
-
-@gluon.jit
-def _turns(n_tiles, OVERLAP: gl.constexpr):
-    """Turns for n_tiles >= 1 key tiles: overlap, one a tile plus the last P V; else two a
-    tile (S, then P V)."""
-    if OVERLAP:
-        return n_tiles + 1
-    else:
-        return 2 * n_tiles
-
-
-@gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, masked, CAUSAL: gl.constexpr):
-    """Online softmax of s (log2 domain): p = 2^(S2 - m'), alpha = 2^(m - m'), l' = alpha l +
-    rowsum p, masking keys past each row on the diagonal tile."""
-    if CAUSAL:
-        if masked:
-            s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
 # ------------------------------------------------------------------------------ producer
@@ -197,17 +151,17 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
             qi = qb * 2 + wg  # query slot: buffer qb of warpgroup wg
             mbarrier.wait(q_empty.index(qi), _phase(i, Q_BUFFERS) ^ 1)  # first round passes
             mbarrier.expect(q_ready.index(qi), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [row0 + wg * BLOCK_M, 0], q_ready.index(qi), q_smem.index(qi))
-        _, n_all = _key_tiles(pid_m * (2 * BLOCK_M) + BLOCK_M, N, BLOCK_M, BLOCK_N, CAUSAL)
+            tma_load(q_desc, [row0 + wg * BLOCK_M, 0], q_ready.index(qi), q_smem.index(qi))
+        _, n_all = key_tiles(pid_m * (2 * BLOCK_M) + BLOCK_M, N, BLOCK_M, BLOCK_N, CAUSAL)
         kv_row0 = (pid_bh // GROUP) * N  # the K, V head this query head shares (GQA)
         for j in range(n_all):
             cj = c + j
             s = cj % STAGES
             mbarrier.wait(empty.index(s), _phase(cj, STAGES) ^ 1)  # the first round passes
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [kv_row0 + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+            tma_load(k_desc, [kv_row0 + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [kv_row0 + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+            tma_load(v_desc, [kv_row0 + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
         c += n_all
         i += 1
 
@@ -240,8 +194,8 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, empty,
     for t in range(gl.program_id(0), n_m * n_bh, gl.num_programs(0)):
         pid_m, pid_bh = _tile_coords(t, n_m, n_bh, LPT_HEADS, CAUSAL)
         row0 = pid_m * (2 * BLOCK_M) + WG * BLOCK_M  # this warpgroup's first row, in its head
-        n_full, n_mine = _key_tiles(row0, N, BLOCK_M, BLOCK_N, CAUSAL)
-        _, n_all = _key_tiles(pid_m * (2 * BLOCK_M) + BLOCK_M, N, BLOCK_M, BLOCK_N, CAUSAL)
+        n_full, n_mine = key_tiles(row0, N, BLOCK_M, BLOCK_N, CAUSAL)
+        _, n_all = key_tiles(pid_m * (2 * BLOCK_M) + BLOCK_M, N, BLOCK_M, BLOCK_N, CAUSAL)
         rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
         qi = (i % Q_BUFFERS) * 2 + WG
         q = q_smem.index(qi)
@@ -252,15 +206,15 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, empty,
 
         if OVERLAP:
             # turn tk: S_0 alone
-            _take_turn(turn, tk, WG)
+            take_turn(turn, tk, WG)
             s0 = c % STAGES
             mbarrier.wait(k_ready.index(s0), _phase(c, STAGES))
             s_tok = warpgroup_mma(q, k_smem.index(s0).permute((1, 0)),
                                   gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout),
                                   use_acc=False, is_async=True)
-            _pass_turn(turn, WG)
+            pass_turn(turn, WG)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, rows, cols0, n_full == 0,
+            p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, rows, cols0, n_full == 0,
                                                CAUSAL)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             # turn tk + j: S_j with O += P_{j-1} V_{j-1}
@@ -268,7 +222,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, empty,
                 cj = c + j
                 s_idx = cj % STAGES
                 prev = (cj - 1) % STAGES
-                _take_turn(turn, tk + j, WG)
+                take_turn(turn, tk + j, WG)
                 mbarrier.wait(k_ready.index(s_idx), _phase(cj, STAGES))
                 s_tok = warpgroup_mma(q, k_smem.index(s_idx).permute((1, 0)),
                                       gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout),
@@ -276,9 +230,9 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, empty,
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                 mbarrier.wait(v_ready.index(prev), _phase(cj - 1, STAGES))
                 o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                _pass_turn(turn, WG)
+                pass_turn(turn, WG)
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, rows,
+                p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, rows,
                                                    j * BLOCK_N + cols0, j >= n_full, CAUSAL)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
                 mbarrier.arrive(empty.index(prev), count=1)  # K/V item cj - 1 is free
@@ -288,11 +242,11 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, empty,
             # turn tk + n_mine: the last P V alone
             cl = c + n_mine - 1
             last = cl % STAGES
-            _take_turn(turn, tk + n_mine, WG)
+            take_turn(turn, tk + n_mine, WG)
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             mbarrier.wait(v_ready.index(last), _phase(cl, STAGES))
             o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-            _pass_turn(turn, WG)
+            pass_turn(turn, WG)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
             mbarrier.arrive(empty.index(last), count=1)
         else:
@@ -301,21 +255,21 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, empty,
                 cj = c + j
                 s_idx = cj % STAGES
                 phase = _phase(cj, STAGES)
-                _take_turn(turn, tk + 2 * j, WG)
+                take_turn(turn, tk + 2 * j, WG)
                 mbarrier.wait(k_ready.index(s_idx), phase)
                 s_tok = warpgroup_mma(q, k_smem.index(s_idx).permute((1, 0)),
                                       gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout),
                                       use_acc=False, is_async=True)
-                _pass_turn(turn, WG)
+                pass_turn(turn, WG)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, rows,
+                p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, rows,
                                                    j * BLOCK_N + cols0, j >= n_full, CAUSAL)
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
-                _take_turn(turn, tk + 2 * j + 1, WG)
+                take_turn(turn, tk + 2 * j + 1, WG)
                 mbarrier.wait(v_ready.index(s_idx), phase)
                 o_tok = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
-                _pass_turn(turn, WG)
+                pass_turn(turn, WG)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
                 mbarrier.arrive(empty.index(s_idx), count=1)
             mbarrier.arrive(q_empty.index(qi), count=1)
@@ -330,9 +284,9 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, empty,
             mbarrier.wait(v_ready.index(s_idx), _phase(cj, STAGES))
             mbarrier.arrive(empty.index(s_idx), count=1)
         # Empty turns up to the tile's common count, so that tk stays equal in both warpgroups
-        for k in range(_turns(n_mine, OVERLAP), _turns(n_all, OVERLAP)):
-            _take_turn(turn, tk + k, WG)
-            _pass_turn(turn, WG)
+        for k in range(turns(n_mine, OVERLAP), turns(n_all, OVERLAP)):
+            take_turn(turn, tk + k, WG)
+            pass_turn(turn, WG)
 
         # epilogue (runs while the other warpgroup has the tensor cores, and while the producer
         # loads the next tile): O = acc / l, lse = (m + log2 l) ln 2
@@ -348,7 +302,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, empty,
         gl.store(lse_ptr + pid_bh.to(gl.int64) * N + rows, lse, mask=rows < N)
 
         c += n_all
-        tk += _turns(n_all, OVERLAP)
+        tk += turns(n_all, OVERLAP)
         i += 1
 
 
@@ -396,10 +350,6 @@ def _fa3_persistent_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, N, n_bh, GROU
 
 
 # ------------------------------------------------------------------------------ host side
-def _lpt_heads(n_heads: int, N: int, D: int, elem_bytes: int) -> int:
-    return max(1, min(n_heads, LPT_L2_BYTES // (2 * N * D * elem_bytes)))
-
-
 def _check_inputs(q, k, v, causal, sm_scale, config):
     """hopper.fa3_forward's refusals (same scope), naming this function. Types, dtypes and
     shapes come before the device, so they can be tested with CPU tensors."""
@@ -496,6 +446,6 @@ def fa3_persistent_forward(q, k, v, causal: bool = False, sm_scale: float | None
     grid = (min(sms, n_tiles),)
     _fa3_persistent_kernel[grid](
         desc(q, H, cfg.block_m), desc(k, Hkv, cfg.block_n), desc(v, Hkv, cfg.block_n), o, lse,
-        N, B * H, H // Hkv, scale * LOG2E, _lpt_heads(B * H, N, D, q.element_size()),
+        N, B * H, H // Hkv, scale * LOG2E, lpt_heads(B * H, N, D, q.element_size()),
         CAUSAL=causal, STAGES=cfg.stages, OVERLAP=cfg.overlap, num_warps=CONSUMER_WARPS.value)
     return o, lse

@@ -30,7 +30,9 @@ skipped and only the diagonal tile is masked; causal programs run longest first.
 Needs a Hopper GPU: Gluon kernels do not run in Triton's interpreter. Written for Triton 3.6
 (the API names it renamed later are looked up at import). lab/attention/ holds the design study
 that led here (NOTES.md) and lab/attention/aot_check.py, which compiles every configuration for
-sm_90 without a GPU.
+sm_90 without a GPU. The schedule's building blocks (``tma_load``, ``key_tiles``, ``take_turn``,
+``pass_turn``, ``turns``, ``softmax_step``, ``lpt_heads``) and its constants are public: the
+lab's designs reuse them.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 # Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 LOG2E = 1.4426950408889634  # scores are kept in the log2 domain: exp(x) = exp2(x log2 e)
 LN2 = gl.constexpr(0.6931471805599453)  # the log-sum-exp goes back to natural log
@@ -126,7 +128,7 @@ def _program_tile(LPT_HEADS, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _key_tiles(row0, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+def key_tiles(row0, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """Key tiles of the query rows row0 .. row0 + BLOCK_M: tiles [0, n_full) are seen whole by
     every row (no mask), [n_full, n_seen) by some rows (the diagonal: masked)."""
     n_tiles = N // BLOCK_N
@@ -154,22 +156,22 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, 
     row0 = pid_bh * N + pid_m * (2 * BLOCK_M)  # rows of [B * H * N, D]
     for wg in gl.static_range(2):
         mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [row0 + wg * BLOCK_M, 0], q_ready.index(wg), q_smem.index(wg))
-    _, n_all = _key_tiles(pid_m * (2 * BLOCK_M) + BLOCK_M, N, BLOCK_M, BLOCK_N, CAUSAL)
+        tma_load(q_desc, [row0 + wg * BLOCK_M, 0], q_ready.index(wg), q_smem.index(wg))
+    _, n_all = key_tiles(pid_m * (2 * BLOCK_M) + BLOCK_M, N, BLOCK_M, BLOCK_N, CAUSAL)
     kv_row0 = (pid_bh // GROUP) * N  # b * Hq + h -> b * Hkv + h // GROUP: the shared K, V head
     for j in range(n_all):
         s = j % STAGES
         mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # the first round passes
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [kv_row0 + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+        tma_load(k_desc, [kv_row0 + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [kv_row0 + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+        tma_load(v_desc, [kv_row0 + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
 # --8<-- [end:fa3_producer]
 
 
 # --8<-- [start:fa3_softmax]
 @gluon.jit
-def _take_turn(turn, k, WG: gl.constexpr):
+def take_turn(turn, k, WG: gl.constexpr):
     """Wait for this warpgroup's k-th turn on the tensor cores. Warpgroup 0 goes first: on a
     fresh barrier a wait for parity 1 passes at once. Turns strictly alternate, so a turn
     barrier never runs two phases ahead of its waiter (which a parity wait could not tell)."""
@@ -177,12 +179,12 @@ def _take_turn(turn, k, WG: gl.constexpr):
 
 
 @gluon.jit
-def _pass_turn(turn, WG: gl.constexpr):
+def pass_turn(turn, WG: gl.constexpr):
     mbarrier.arrive(turn.index(1 - WG), count=1)
 
 
 @gluon.jit
-def _turns(n_tiles, OVERLAP: gl.constexpr):
+def turns(n_tiles, OVERLAP: gl.constexpr):
     """Turns a warpgroup takes for n_tiles >= 1 key tiles: with overlap one a tile plus the last
     P V; without, one for S = Q K^T and one for P V a tile."""
     if OVERLAP:
@@ -192,7 +194,7 @@ def _turns(n_tiles, OVERLAP: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, masked, CAUSAL: gl.constexpr):
+def softmax_step(s, m_i, l_i, qk_scale, rows, cols, masked, CAUSAL: gl.constexpr):
     """One online-softmax update of the score tile s [BLOCK_M, BLOCK_N] (S2 = qk_scale * s):
     m' = max(m, rowmax S2), P = 2^(S2 - m'), alpha = 2^(m - m'), l' = alpha l + rowsum P.
     masked (the diagonal tile) hides keys past each row. Top-left causal with Nq = Nk gives
@@ -231,8 +233,8 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, empty, turn, o_
 
     pid_m, pid_bh = _program_tile(LPT_HEADS, CAUSAL)
     row0 = pid_m * (2 * BLOCK_M) + WG * BLOCK_M  # first query row of this warpgroup, in its head
-    n_full, n_mine = _key_tiles(row0, N, BLOCK_M, BLOCK_N, CAUSAL)
-    _, n_all = _key_tiles(pid_m * (2 * BLOCK_M) + BLOCK_M, N, BLOCK_M, BLOCK_N, CAUSAL)
+    n_full, n_mine = key_tiles(row0, N, BLOCK_M, BLOCK_N, CAUSAL)
+    _, n_all = key_tiles(pid_m * (2 * BLOCK_M) + BLOCK_M, N, BLOCK_M, BLOCK_N, CAUSAL)
     rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
     cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q = q_smem.index(WG)
@@ -243,21 +245,21 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, empty, turn, o_
 
     if OVERLAP:
         # prologue, turn 0: S_0 alone
-        _take_turn(turn, 0, WG)
+        take_turn(turn, 0, WG)
         mbarrier.wait(k_ready.index(0), 0)
         s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)),
                               gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout),
                               use_acc=False, is_async=True)
-        _pass_turn(turn, WG)
+        pass_turn(turn, WG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, rows, cols0, n_full == 0,
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, rows, cols0, n_full == 0,
                                            CAUSAL)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         # turn j: issue S_j and O += P_{j-1} V_{j-1}; the softmax of S_j runs while P V does
         for j in range(1, n_mine):
             s_idx = j % STAGES
             prev = (j - 1) % STAGES
-            _take_turn(turn, j, WG)
+            take_turn(turn, j, WG)
             mbarrier.wait(k_ready.index(s_idx), (j // STAGES) & 1)
             s_tok = warpgroup_mma(q, k_smem.index(s_idx).permute((1, 0)),
                                   gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout),
@@ -265,9 +267,9 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, empty, turn, o_
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]  # before P V reads acc
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            _pass_turn(turn, WG)
+            pass_turn(turn, WG)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j; P V in flight
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, rows,
+            p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, rows,
                                                j * BLOCK_N + cols0, j >= n_full, CAUSAL)
             # p_op is read by the wgmma in flight: naming it keeps its registers from reuse
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
@@ -275,11 +277,11 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, empty, turn, o_
             p_op = gl.convert_layout(p.to(dtype), p_layout)
         # last turn: the last P V alone
         last = (n_mine - 1) % STAGES
-        _take_turn(turn, n_mine, WG)
+        take_turn(turn, n_mine, WG)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         mbarrier.wait(v_ready.index(last), ((n_mine - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-        _pass_turn(turn, WG)
+        pass_turn(turn, WG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         mbarrier.arrive(empty.index(last), count=1)
     else:
@@ -287,21 +289,21 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, empty, turn, o_
         for j in range(n_mine):
             s_idx = j % STAGES
             phase = (j // STAGES) & 1
-            _take_turn(turn, 2 * j, WG)
+            take_turn(turn, 2 * j, WG)
             mbarrier.wait(k_ready.index(s_idx), phase)
             s_tok = warpgroup_mma(q, k_smem.index(s_idx).permute((1, 0)),
                                   gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout),
                                   use_acc=False, is_async=True)
-            _pass_turn(turn, WG)  # the other warpgroup's product queues behind this one
+            pass_turn(turn, WG)  # the other warpgroup's product queues behind this one
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, rows,
+            p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, rows,
                                                j * BLOCK_N + cols0, j >= n_full, CAUSAL)
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            _take_turn(turn, 2 * j + 1, WG)
+            take_turn(turn, 2 * j + 1, WG)
             mbarrier.wait(v_ready.index(s_idx), phase)
             o_tok = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
-            _pass_turn(turn, WG)
+            pass_turn(turn, WG)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
             mbarrier.arrive(empty.index(s_idx), count=1)
 
@@ -313,9 +315,9 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, empty, turn, o_
         mbarrier.wait(v_ready.index(s_idx), (j // STAGES) & 1)
         mbarrier.arrive(empty.index(s_idx), count=1)
     # Both warpgroups take the same number of turns, or the one with more would wait forever
-    for k in range(_turns(n_mine, OVERLAP), _turns(n_all, OVERLAP)):
-        _take_turn(turn, k, WG)
-        _pass_turn(turn, WG)
+    for k in range(turns(n_mine, OVERLAP), turns(n_all, OVERLAP)):
+        take_turn(turn, k, WG)
+        pass_turn(turn, WG)
 
     # epilogue: O = acc / l, lse = (m + log2 l) ln 2; a row that saw no key gets O = 0, L = +inf
     # (top-left causal with Nq = Nk has none, kept for the convention)
@@ -377,7 +379,7 @@ def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, N, GROUP, qk_scale, 
 LPT_L2_BYTES = 16 << 20
 
 
-def _lpt_heads(n_heads: int, N: int, D: int, elem_bytes: int) -> int:
+def lpt_heads(n_heads: int, N: int, D: int, elem_bytes: int) -> int:
     return max(1, min(n_heads, LPT_L2_BYTES // (2 * N * D * elem_bytes)))
 
 
@@ -495,7 +497,7 @@ def fa3_forward(q, k, v, causal: bool = False, sm_scale: float | None = None,
     grid = (triton.cdiv(N, 2 * cfg.block_m), B * H)
     _fa3_fwd_kernel[grid](
         desc(q, H, cfg.block_m), desc(k, Hkv, cfg.block_n), desc(v, Hkv, cfg.block_n), o, lse,
-        N, H // Hkv, scale * LOG2E, _lpt_heads(B * H, N, D, q.element_size()),
+        N, H // Hkv, scale * LOG2E, lpt_heads(B * H, N, D, q.element_size()),
         CAUSAL=causal, STAGES=cfg.stages, OVERLAP=cfg.overlap, num_warps=CONSUMER_WARPS.value)
     return o, lse
 # --8<-- [end:fa3_launcher]
