@@ -211,6 +211,19 @@ def _bwd_peers(q, k, v, do, causal: bool) -> tuple[dict, tuple]:
             "sdpa_cudnn": cudnn}, (o, lse)
 
 
+def _timed_rows(timed: dict, pass_: str, D: int, N: int, B: int, causal: bool,
+                flops: float) -> list[dict]:
+    """A result row per implementation from bench_interleaved's (p50, p20, p80) timings, with
+    its TFLOP/s and its speed against cuDNN's; prints the point's ratios."""
+    cudnn = timed["sdpa_cudnn"][0]
+    print(f"{'backward ' if pass_ == 'bwd' else ''}D={D} N={N} causal={causal}: " + ", ".join(
+        f"{n} {cudnn / t[0]:.3f}" for n, t in timed.items()), flush=True)
+    return [{"impl": name, "pass": pass_, "D": D, "N": N, "B": B, "H": H, "causal": causal,
+             "dtype": "bfloat16", "ms": p50, "ms_p20": p20, "ms_p80": p80,
+             "tflops": flops / (p50 * 1e-3) / 1e12, "x_cudnn": cudnn / p50}
+            for name, (p50, p20, p80) in timed.items()]
+
+
 def run_bwd(quick: bool) -> list[dict]:
     """The backward part of run(): probe each backward design, then time the ones that pass."""
     import torch
@@ -243,15 +256,7 @@ def run_bwd(quick: bool) -> list[dict]:
                     fn()
                 timed = bench_interleaved(fns, **TIMING)
                 flops = 10 * B * H * N * N * D * (0.5 if causal else 1.0)
-                cudnn = timed["sdpa_cudnn"][0]
-                for name, (p50, p20, p80) in timed.items():
-                    rows.append({"impl": name, "pass": "bwd", "D": D, "N": N, "B": B, "H": H,
-                                 "causal": causal, "dtype": "bfloat16", "ms": p50,
-                                 "ms_p20": p20, "ms_p80": p80,
-                                 "tflops": flops / (p50 * 1e-3) / 1e12,
-                                 "x_cudnn": cudnn / p50})
-                print(f"backward D={D} N={N} causal={causal}: " + ", ".join(
-                    f"{n} {cudnn / t[0]:.3f}" for n, t in timed.items()), flush=True)
+                rows += _timed_rows(timed, "bwd", D, N, B, causal, flops)
                 del q, k, v, do, o, lse, fns
                 torch.cuda.empty_cache()
     return rows
@@ -296,15 +301,7 @@ def run(quick: bool) -> list[dict]:
                         fn()
                     timed = bench_interleaved(fns, **TIMING)
                 flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)
-                cudnn = timed["sdpa_cudnn"][0]
-                for name, (p50, p20, p80) in timed.items():
-                    rows.append({"impl": name, "pass": "fwd", "D": D, "N": N, "B": B, "H": H,
-                                 "causal": causal, "dtype": "bfloat16", "ms": p50,
-                                 "ms_p20": p20, "ms_p80": p80,
-                                 "tflops": flops / (p50 * 1e-3) / 1e12,
-                                 "x_cudnn": cudnn / p50})
-                print(f"D={D} N={N} causal={causal}: " + ", ".join(
-                    f"{n} {cudnn / t[0]:.3f}" for n, t in timed.items()), flush=True)
+                rows += _timed_rows(timed, "fwd", D, N, B, causal, flops)
                 del q, k, v, fns
                 torch.cuda.empty_cache()
     rows.extend(run_bwd(quick))
