@@ -21,8 +21,9 @@ timed at the same points beside the product's backward (``triton_fa2``: ``torch.
 through ``flash_attention``, what the product benchmark times; ``flash_attn_bwd``: the product's
 backward kernels called directly) and cuDNN's (``sdpa_cudnn``: autograd through SDPA's cuDNN
 backend); rows with ``"pass": "bwd"``, FLOPs 10 B H N^2 D (halved when causal).
-Write ``lab/attention/results/designs.json`` with ``python -m benchmarks --lab attention designs``.
-Nothing runs at import.
+Write ``lab/attention/results/designs.json`` with ``python -m benchmarks --lab attention designs``;
+``LAB_DESIGNS=fa3_persistent,bwd_gluon`` (comma-separated name prefixes) limits the run to those
+designs beside the peers, to fit a short GPU lease. Nothing runs at import.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +43,12 @@ PROBE_TIMEOUT_S = 120
 # designs not probed again: each hung probe costs PROBE_TIMEOUT_S of a GPU run
 KNOWN_HANGS = {"ws_tl": "hung on the H200 in every configuration (NOTES.md, design A)"}
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _wanted(name: str) -> bool:
+    """Whether LAB_DESIGNS (comma-separated prefixes; unset: all) selects design ``name``."""
+    prefixes = [p for p in os.environ.get("LAB_DESIGNS", "").split(",") if p]
+    return not prefixes or any(name.startswith(p) for p in prefixes)
 
 
 def _designs() -> dict:
@@ -232,7 +240,7 @@ def run_bwd(quick: bool) -> list[dict]:
 
     rows, usable = [], []
     designs = _bwd_designs()
-    for name in designs:
+    for name in filter(_wanted, designs):
         result = _probe_child(name, "probe_bwd")
         rows.append(dict(result, **{"pass": "check_bwd"}))
         ratios = [round(c["rel_err"] / c["math_bf16_rel_err"], 2)
@@ -271,7 +279,7 @@ def run(quick: bool) -> list[dict]:
 
     t0 = time.perf_counter()
     rows, usable = [], []
-    for name in _designs():
+    for name in filter(_wanted, _designs()):
         if name.split(":")[0] in KNOWN_HANGS:
             rows.append({"impl": name, "pass": "check", "ok": False,
                          "skipped": KNOWN_HANGS[name.split(":")[0]]})
