@@ -128,7 +128,7 @@ def compile_persistent(cfg: fa3p.Config, head_dim: int, causal: bool) -> dict:
 
 def check_persistent() -> list[dict]:
     return [compile_persistent(cfg, d, causal)
-            for cfg in fa3p.CONFIGS for d in fa3p.HEAD_DIMS for causal in (False, True)]
+            for cfg in fa3p.CONFIGS for d in fa3.HEAD_DIMS for causal in (False, True)]
 
 
 def compile_bwd(head_dim: int, causal: bool) -> dict:

@@ -53,6 +53,7 @@ from kernelnotes.attention.hopper import (
     PRODUCER_REGS,
     PRODUCER_WARPS,
     ROW_MULTIPLE,
+    check_hopper_device,
     tma_load,
 )
 
@@ -60,7 +61,6 @@ LOG2E_C = gl.constexpr(LOG2E)
 KEYS_PER_WG = gl.constexpr(64)  # key rows of each consumer warpgroup: a wgmma's M
 DQ_CHUNK = gl.constexpr(64)  # columns of dQ a wgmma computes (and atomically adds) at a time
 BLOCK_N = 128  # key rows of a program (two warpgroups)
-
 
 
 class Config(NamedTuple):
@@ -322,13 +322,7 @@ def _check_inputs(do, q, k, v, o, lse, causal, sm_scale):
     if sm_scale is not None and (isinstance(sm_scale, bool) or not (
             isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale) and sm_scale > 0)):
         raise ValueError(f"sm_scale must be a positive finite float or None, got {sm_scale!r}")
-    if q.device.type != "cuda":
-        raise ValueError(f"q is on {q.device}: flash_bwd_hopper needs CUDA tensors on a Hopper "
-                         "GPU (Gluon kernels do not run in Triton's interpreter)")
-    major, minor = torch.cuda.get_device_capability(q.device)
-    if major != 9:
-        raise ValueError(f"q is on an sm_{major}{minor} GPU: flash_bwd_hopper needs Hopper "
-                         "(sm_90)")
+    check_hopper_device(q, "flash_bwd_hopper")
 
 
 def flash_bwd_hopper(do, q, k, v, o, lse, causal: bool = False, sm_scale: float | None = None):

@@ -50,13 +50,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from kernelnotes.attention.hopper import (
     CONSUMER_REGS,
     CONSUMER_WARPS,
-    HEAD_DIMS,
     LN2,
     LOG2E,
     MAX_SHARED_BYTES,
     PRODUCER_REGS,
     PRODUCER_WARPS,
-    ROW_MULTIPLE,
+    check_hopper_device,
+    check_inputs,
     key_tiles,
     lpt_heads,
     pass_turn,
@@ -350,64 +350,18 @@ def _fa3_persistent_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, N, n_bh, GROU
 
 
 # ------------------------------------------------------------------------------ host side
-def _check_inputs(q, k, v, causal, sm_scale, config):
-    """hopper.fa3_forward's refusals (same scope), naming this function. Types, dtypes and
-    shapes come before the device, so they can be tested with CPU tensors."""
-    fn = "fa3_persistent_forward"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"{name} has dtype {t.dtype}: {fn} takes bfloat16 or float16")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype or t.device != q.device:
-            raise ValueError(f"{name} must have q's dtype and device ({q.dtype} on {q.device}), "
-                             f"got {t.dtype} on {t.device}")
-    if q.ndim != 4 or k.ndim != 4:
-        raise ValueError(f"q and k must be [B, H, N, D], got shapes {tuple(q.shape)} and "
-                         f"{tuple(k.shape)}")
-    B, H, N, D = q.shape
-    Hkv = k.shape[1]
-    if v.shape != k.shape or k.shape[0] != B or k.shape[2:] != q.shape[2:] or Hkv == 0 \
-            or H % Hkv:
-        raise ValueError(f"k and v must be [B, Hkv, N, D] with q's B, N and D and Hkv dividing "
-                         f"q's H (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
-    if D not in HEAD_DIMS:
-        raise ValueError(f"q has head dim D={D}: {fn} takes D in {HEAD_DIMS} (q has shape "
-                         f"{tuple(q.shape)})")
-    if N == 0 or N % ROW_MULTIPLE != 0:
-        raise ValueError(f"q has sequence length N={N}: {fn} needs a positive multiple of "
-                         f"{ROW_MULTIPLE} (q has shape {tuple(q.shape)})")
-    if B * H == 0 or B * H > 65535:  # hopper.fa3_forward's scope (there a grid axis)
-        raise ValueError(f"q has B * H = {B * H}: {fn} needs 1 .. 65535 (q has shape "
-                         f"{tuple(q.shape)})")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (the TMA descriptors read it as "
-                             f"[B * H * N, D]), got strides {tuple(t.stride())}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
-    if sm_scale is not None and (isinstance(sm_scale, bool) or not (
-            isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale) and sm_scale > 0)):
-        raise ValueError(f"sm_scale must be a positive finite float or None, got {sm_scale!r}")
-    if config is not None:
-        if not isinstance(config, Config):
-            raise TypeError(f"config must be a fa3_persistent.Config (see CONFIGS) or None, "
-                            f"got {config!r}")
-        if N % config.block_n != 0 or N % (2 * config.block_m) != 0:
-            raise ValueError(f"config {config} needs N a multiple of block_n={config.block_n} "
-                             f"and of 2 * block_m={2 * config.block_m}, got N={N}")
-        need = config.shared_bytes(D, q.element_size())
-        if need > MAX_SHARED_BYTES:
-            raise ValueError(f"config {config} needs {need} bytes of shared memory at D={D}: "
-                             f"more than the {MAX_SHARED_BYTES} a block has")
-    if q.device.type != "cuda":
-        raise ValueError(f"q is on {q.device}: {fn} needs CUDA tensors on a Hopper GPU (Gluon "
-                         "kernels do not run in Triton's interpreter)")
-    major, minor = torch.cuda.get_device_capability(q.device)
-    if major != 9:
-        raise ValueError(f"q is on an sm_{major}{minor} GPU: {fn} needs Hopper (sm_90), for its "
-                         "wgmma, TMA and setmaxnreg")
+def _check_config(config, N, D, element_size):
+    """hopper.fa3_forward's config refusals, plus N a multiple of a tile pair's 2 * block_m."""
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a fa3_persistent.Config (see CONFIGS) or None, "
+                        f"got {config!r}")
+    if N % config.block_n != 0 or N % (2 * config.block_m) != 0:
+        raise ValueError(f"config {config} needs N a multiple of block_n={config.block_n} "
+                         f"and of 2 * block_m={2 * config.block_m}, got N={N}")
+    need = config.shared_bytes(D, element_size)
+    if need > MAX_SHARED_BYTES:
+        raise ValueError(f"config {config} needs {need} bytes of shared memory at D={D}: "
+                         f"more than the {MAX_SHARED_BYTES} a block has")
 
 
 def fa3_persistent_forward(q, k, v, causal: bool = False, sm_scale: float | None = None,
@@ -425,7 +379,11 @@ def fa3_persistent_forward(q, k, v, causal: bool = False, sm_scale: float | None
     Returns:
         o [B, Hq, N, D] in q's dtype, lse [B, Hq, N] float32 (natural log).
     """
-    _check_inputs(q, k, v, causal, sm_scale, config)
+    fn = "fa3_persistent_forward"
+    check_inputs(q, k, v, causal, sm_scale, fn)  # hopper.fa3_forward's refusals and scope
+    if config is not None:
+        _check_config(config, q.shape[2], q.shape[3], q.element_size())
+    check_hopper_device(q, fn)
     B, H, N, D = q.shape
     Hkv = k.shape[1]
     cfg = config or DEFAULT_CONFIG

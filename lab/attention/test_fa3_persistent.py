@@ -51,9 +51,11 @@ def test_refusals_name_the_argument():
 
 
 def test_configs_fit_shared_memory_at_both_head_dims():
+    from kernelnotes.attention.hopper import HEAD_DIMS
+
     m = fa3p()
     for cfg in m.CONFIGS:
-        for d in m.HEAD_DIMS:
+        for d in HEAD_DIMS:
             assert cfg.shared_bytes(d) <= m.MAX_SHARED_BYTES, (cfg, d)
     assert m.Config(64, 128, 2, True).shared_bytes(128) == 192 * 1024
     assert m.Config(64, 128, 3, True).shared_bytes(128) > m.MAX_SHARED_BYTES

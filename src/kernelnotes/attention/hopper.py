@@ -403,15 +403,14 @@ def takes(q, k, v, causal_off: int = 0, capability: tuple[int, int] | None = Non
     return capability[0] == 9
 
 
-def _check_inputs(q, k, v, causal, sm_scale, config):
-    """Refuse what the kernel does not take, naming the argument. Types, dtypes and shapes come
-    before the device, so that the refusals can be tested with CPU tensors."""
+def check_inputs(q, k, v, causal, sm_scale, fn: str = "fa3_forward"):
+    """Refuse tensors and scalars that a Hopper attention forward ``fn`` does not take, naming
+    the argument. No device check: these refusals can be tested with CPU tensors."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"{name} has dtype {t.dtype}: fa3_forward takes bfloat16 or "
-                             "float16")
+            raise ValueError(f"{name} has dtype {t.dtype}: {fn} takes bfloat16 or float16")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype or t.device != q.device:
             raise ValueError(f"{name} must have q's dtype and device ({q.dtype} on {q.device}), "
@@ -426,13 +425,13 @@ def _check_inputs(q, k, v, causal, sm_scale, config):
         raise ValueError(f"k and v must be [B, Hkv, N, D] with q's B, N and D and Hkv dividing "
                          f"q's H (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
     if D not in HEAD_DIMS:
-        raise ValueError(f"q has head dim D={D}: fa3_forward takes D in {HEAD_DIMS} (q has "
-                         f"shape {tuple(q.shape)})")
+        raise ValueError(f"q has head dim D={D}: {fn} takes D in {HEAD_DIMS} (q has shape "
+                         f"{tuple(q.shape)})")
     if N == 0 or N % ROW_MULTIPLE != 0:
-        raise ValueError(f"q has sequence length N={N}: fa3_forward needs a positive multiple "
-                         f"of {ROW_MULTIPLE} (q has shape {tuple(q.shape)})")
-    if B * H == 0 or B * H > 65535:  # the batch-head index is the grid's second axis
-        raise ValueError(f"q has B * H = {B * H}: fa3_forward needs 1 .. 65535 (q has shape "
+        raise ValueError(f"q has sequence length N={N}: {fn} needs a positive multiple of "
+                         f"{ROW_MULTIPLE} (q has shape {tuple(q.shape)})")
+    if B * H == 0 or B * H > 65535:  # the batch-head index is fa3_forward's second grid axis
+        raise ValueError(f"q has B * H = {B * H}: {fn} needs 1 .. 65535 (q has shape "
                          f"{tuple(q.shape)})")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_contiguous():
@@ -443,22 +442,30 @@ def _check_inputs(q, k, v, causal, sm_scale, config):
     if sm_scale is not None and (isinstance(sm_scale, bool) or not (
             isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale) and sm_scale > 0)):
         raise ValueError(f"sm_scale must be a positive finite float or None, got {sm_scale!r}")
-    if config is not None:
-        if not isinstance(config, Config):
-            raise TypeError(f"config must be a Config (see CONFIGS) or None, got {config!r}")
-        if N % config.block_n != 0:
-            raise ValueError(f"config {config} needs N a multiple of block_n={config.block_n}, "
-                             f"got N={N}")
-        if config.shared_bytes(D, q.element_size()) > MAX_SHARED_BYTES:
-            raise ValueError(f"config {config} needs {config.shared_bytes(D)} bytes of shared "
-                             f"memory at D={D}: more than the {MAX_SHARED_BYTES} a block has")
+
+
+def check_hopper_device(q, fn: str = "fa3_forward"):
+    """Refuse a q that is not on a Hopper (sm_90) GPU, naming ``fn``; checked last, after every
+    refusal that CPU tensors can reach."""
     if q.device.type != "cuda":
-        raise ValueError(f"q is on {q.device}: fa3_forward needs CUDA tensors on a Hopper GPU "
-                         "(Gluon kernels do not run in Triton's interpreter)")
+        raise ValueError(f"q is on {q.device}: {fn} needs CUDA tensors on a Hopper GPU (Gluon "
+                         "kernels do not run in Triton's interpreter)")
     major, minor = torch.cuda.get_device_capability(q.device)
     if major != 9:
-        raise ValueError(f"q is on an sm_{major}{minor} GPU: fa3_forward needs Hopper (sm_90), "
-                         "for its wgmma, TMA and setmaxnreg")
+        raise ValueError(f"q is on an sm_{major}{minor} GPU: {fn} needs Hopper (sm_90), for its "
+                         "wgmma, TMA and setmaxnreg")
+
+
+def _check_config(config, N, D, element_size):
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config (see CONFIGS) or None, got {config!r}")
+    if N % config.block_n != 0:
+        raise ValueError(f"config {config} needs N a multiple of block_n={config.block_n}, "
+                         f"got N={N}")
+    need = config.shared_bytes(D, element_size)
+    if need > MAX_SHARED_BYTES:
+        raise ValueError(f"config {config} needs {need} bytes of shared memory at D={D}: more "
+                         f"than the {MAX_SHARED_BYTES} a block has")
 
 
 # --8<-- [start:fa3_launcher]
@@ -478,7 +485,10 @@ def fa3_forward(q, k, v, causal: bool = False, sm_scale: float | None = None,
         o [B, Hq, N, D] in q's dtype, and lse [B, Hq, N] float32, the natural-log log-sum-exp of
         each query row's scaled scores.
     """
-    _check_inputs(q, k, v, causal, sm_scale, config)
+    check_inputs(q, k, v, causal, sm_scale)
+    if config is not None:
+        _check_config(config, q.shape[2], q.shape[3], q.element_size())
+    check_hopper_device(q)
     B, H, N, D = q.shape
     Hkv = k.shape[1]
     cfg = config or DEFAULT_CONFIG
