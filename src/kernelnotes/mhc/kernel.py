@@ -1057,6 +1057,16 @@ def _(residual, fn, g_li, g_dot, g_sq, pre, t_splits):
     return torch.empty_like(residual), torch.empty_like(fn)
 
 
+def _gates_back(residual, dot, sq, scale, base, g_li, g_post, g_comb, kw):
+    """The gradient of the layer input (zeros for a missing one, else contiguous) and the gates'
+    backward from the mixes (dot, sq): (g_li, (g_dot, g_sq, pre, g_scale, g_base))."""
+    T, _, H = residual.shape
+    g_li = (torch.zeros((T, H), dtype=residual.dtype, device=residual.device) if g_li is None
+            else g_li.contiguous())
+    return g_li, _gates_backward_op(dot, sq, _pre_rows_op(residual, g_li), H, scale, base, g_post,
+                                    g_comb, **kw)
+
+
 def _pre_backward(residual, fn, scale, base, g_li, g_post, g_comb, *, t_splits=None, **kw):
     """mhc_pre's backward: (g_residual, g_fn, g_scale, g_base), each in its input's dtype.
 
@@ -1064,12 +1074,9 @@ def _pre_backward(residual, fn, scale, base, g_li, g_post, g_comb, *, t_splits=N
     g_pre = <X_j, g_layer_input> by one pass, the gates' backward by one kernel, then one pass for
     g_x = g_dot fn + 2 g_sq x + pre (x) g_layer_input and g_fn = g_dot^T x.
     """
-    T, _, H = residual.shape
-    g_li = (torch.zeros((T, H), dtype=residual.dtype, device=residual.device) if g_li is None
-            else g_li.contiguous())
     dot, sq = _pre_mixes_op(residual, fn)
-    g_dot, g_sq, pre, g_scale, g_base = _gates_backward_op(
-        dot, sq, _pre_rows_op(residual, g_li), H, scale, base, g_post, g_comb, **kw)
+    g_li, (g_dot, g_sq, pre, g_scale, g_base) = _gates_back(residual, dot, sq, scale, base, g_li,
+                                                            g_post, g_comb, kw)
     g_res, g_fn = _pre_residual_backward_op(residual, fn, g_li, g_dot, g_sq, pre, t_splits)
     return g_res, g_fn, g_scale.to(scale.dtype), g_base.to(base.dtype)
 
@@ -1107,12 +1114,8 @@ def _from_mixes_setup(ctx, inputs, output):
 
 def _from_mixes_backward(ctx, g_li, g_post, g_comb):
     dot_mix, sqrsum, residual, scale, base = ctx.saved_tensors
-    T, _, H = residual.shape
-    g_li = (torch.zeros((T, H), dtype=residual.dtype, device=residual.device) if g_li is None
-            else g_li.contiguous())
-    g_dot, g_sq, pre, g_scale, g_base = _gates_backward_op(
-        dot_mix.sum(0), sqrsum.sum(0), _pre_rows_op(residual, g_li), H, scale, base, g_post,
-        g_comb, **ctx.kw)
+    g_li, (g_dot, g_sq, pre, g_scale, g_base) = _gates_back(
+        residual, dot_mix.sum(0), sqrsum.sum(0), scale, base, g_li, g_post, g_comb, ctx.kw)
     g_res = pre[:, :, None] * g_li.float()[:, None, :]  # through layer_input only
     S = dot_mix.shape[0]  # every split partial enters the sum with weight 1
     return (g_dot.expand(S, *g_dot.shape).to(dot_mix.dtype),
