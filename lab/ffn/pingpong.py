@@ -23,16 +23,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
+from kernelnotes.attention.hopper import tma_load  # the TMA-load name across Triton releases
 from kernelnotes.ffn.kernel import ACTIVATIONS, activation_epilogue
-
-# Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
-# (3.9 has only the new name)
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 BLOCK_M, BLOCK_N, BLOCK_K = 128, 128, 64  # one warpgroup's tile: 128 fp32 accumulators a thread
 STAGES = 6  # 6 x 32 KiB of operands in flight, shared by both MMA warpgroups
@@ -84,8 +80,8 @@ def _pingpong_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
             s = i % STAGES
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first round passes
             mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            _tma_load(a_desc, [pid_m * BLOCK_M, kt * BLOCK_K], ready.index(s), a_bufs.index(s))
-            _tma_load(b_desc, [pid_n * BLOCK_N, kt * BLOCK_K], ready.index(s), b_bufs.index(s))
+            tma_load(a_desc, [pid_m * BLOCK_M, kt * BLOCK_K], ready.index(s), a_bufs.index(s))
+            tma_load(b_desc, [pid_n * BLOCK_N, kt * BLOCK_K], ready.index(s), b_bufs.index(s))
             i += 1
 # --8<-- [end:pingpong_loader]
 

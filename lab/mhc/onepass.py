@@ -24,14 +24,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     mma_v2,
-    tma,
 )
 
+from kernelnotes.attention.hopper import tma_load  # the TMA-load name across Triton releases
 from kernelnotes.mhc import split_fn
 from lab.mhc.common import cdiv, check_inputs, finish, next_power_of_2, sm_count
 
-# Hopper's TMA load: async_copy_global_to_shared in Triton 3.6, async_load in later releases
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # a CTA-wide barrier: gl.thread_barrier in Triton 3.6, gl.barrier in later releases
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
@@ -115,8 +113,8 @@ def _mhc_pre_onepass_kernel(
         mbarrier.expect(bar.index(0), 4 * NCH * x_desc.block_type.nbytes)
         for j in gl.static_range(4):
             for c in gl.static_range(NCH):
-                _tma_load(x_desc, [t0, j * H + s * BH + c * CHUNK], bar.index(0),
-                          tile.index(j * NCH + c))
+                tma_load(x_desc, [t0, j * H + s * BH + c * CHUNK], bar.index(0),
+                         tile.index(j * NCH + c))
 
         # 2. the projection, chunk by chunk: fn's hi and lo tiles from L2, two bf16 MMAs
         acc = gl.zeros([32, BT], gl.float32, layout=mma)

@@ -36,13 +36,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from kernelnotes.attention.hopper import tma_load
 from kernelnotes.mhc import split_fn
 from lab.mhc.common import cdiv, check_inputs, finish, next_power_of_2, sm_count
 from lab.mhc.onepass import (
     CHUNK,
     _cta_barrier,
     _publish_gates,
-    _tma_load,
 )
 
 BT = 64  # tokens per tile: wgmma's M
@@ -73,15 +73,15 @@ def _loader(x_desc, w_desc, tiles, w_s, ready, empty, w_bar, H, s, lane, n_steps
     mbarrier.expect(w_bar.index(0), 8 * w_desc.block_type.nbytes)
     for part in gl.static_range(2):  # hi rows 0..23 and lo rows 24..47 of the split fn
         for j in gl.static_range(4):
-            _tma_load(w_desc, [part * 24, j * H + s * BH], w_bar.index(0), w_s.index(part * 4 + j))
+            tma_load(w_desc, [part * 24, j * H + s * BH], w_bar.index(0), w_s.index(part * 4 + j))
     for k in range(n_steps):
         buf = k % NBUF
         mbarrier.wait(empty.index(buf), ((k // NBUF) & 1) ^ 1)  # the first round passes
         _stamp(stamp_ptr, k, 0, n_steps_max, STAMP)
         mbarrier.expect(ready.index(buf), 4 * x_desc.block_type.nbytes)
         for j in gl.static_range(4):  # rows past T come back as zeros
-            _tma_load(x_desc, [(lane + k * R) * BT, j * H + s * BH], ready.index(buf),
-                      tiles.index(buf * 4 + j))
+            tma_load(x_desc, [(lane + k * R) * BT, j * H + s * BH], ready.index(buf),
+                     tiles.index(buf * 4 + j))
 
 
 @gluon.jit
