@@ -113,3 +113,33 @@ def test_the_product_never_imports_the_lab():
     studies = {"onepass.py", "pipelined.py", "pingpong.py", "experiments.py"}
     assert not [p for p in (ROOT / "src").rglob("*.py") if p.name in studies]
     assert (ROOT / "lab").is_dir() and sorted((ROOT / "lab").glob("*/NOTES.md"))
+
+
+def test_the_lab_imports_only_public_names_of_the_package():
+    """A study that needs a helper makes it public in the package; it never reaches for a
+    ``_private`` name or module of ``kernelnotes``."""
+    import ast
+
+    offenders = []
+    for path in (ROOT / "lab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kernelnotes"):
+                names = [a.name for a in node.names] + node.module.split(".")
+                offenders += [f"{path.relative_to(ROOT)}: {node.module}.{n}"
+                              for n in names if n.startswith("_")]
+    assert offenders == []
+
+
+def test_the_readme_table_names_every_topic_benchmark_and_lab_folder():
+    """The README's layout table is the one place a reader learns where each topic lives."""
+    import re
+
+    rows = {m[1]: (m[2], m[3]) for m in
+            re.finditer(r"^\| `(\w+)` \| [^|]+ \| `(\w+)` \|\s*(`lab/\w+`)?\s*\|$",
+                        (ROOT / "README.md").read_text(), re.M)}
+    assert sorted(rows) == TOPICS
+    benches = sorted(p.stem.removeprefix("bench_")
+                     for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    assert sorted(bench for bench, _ in rows.values()) == benches
+    labs = sorted(p.name for p in (ROOT / "lab").iterdir() if (p / "NOTES.md").is_file())
+    assert sorted(lab.strip("`").removeprefix("lab/") for _, lab in rows.values() if lab) == labs
